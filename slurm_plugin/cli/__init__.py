@@ -1,0 +1,1 @@
+"""The ``straggler`` command line: the only package that imports click."""

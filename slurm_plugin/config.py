@@ -1,0 +1,149 @@
+"""One typed, validated settings object for every entry point.
+
+Sources, highest precedence first: explicit keyword arguments, ``STRAGGLER_*`` environment
+variables, a TOML file (``--config``, else ``STRAGGLER_CONFIG``, else
+``/etc/slurm-straggler/config.toml`` when it exists), then the defaults below. Unknown keys in
+the file are errors that name the key and the file.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from slurm_plugin.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("/etc/slurm-straggler/config.toml")
+CONFIG_ENV = "STRAGGLER_CONFIG"
+
+
+class Settings(BaseSettings):
+    """Everything an entry point needs to reach Redis and Slurm, and how long to wait for them."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="STRAGGLER_",
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+    )
+
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        description="Redis URL (redis:// or rediss://) for telemetry, history and the audit trail.",
+    )
+    redis_timeout_s: float = Field(
+        default=2.0, gt=0, description="Socket connect/read timeout for every Redis call, seconds."
+    )
+    slurm_bin_dir: Path | None = Field(
+        default=None,
+        description="Directory holding scontrol/squeue/sinfo/sbatch; None means look them up on PATH.",
+    )
+    slurm_conf: Path | None = Field(
+        default=None,
+        description="slurm.conf passed to Slurm commands as SLURM_CONF; None keeps Slurm's default.",
+    )
+    command_timeout_s: float = Field(
+        default=15.0, gt=0, description="Timeout for any one Slurm command, seconds."
+    )
+    devcluster_dir: Path = Field(
+        default=Path("/tmp/slurm-straggler-devcluster"),  # noqa: S108 - a documented dev default
+        description="Base directory of the local development cluster (all its state lives here).",
+    )
+    devcluster_redis_port: int = Field(
+        default=16379, ge=1, le=65535, description="Port of the development cluster's redis-server."
+    )
+    devcluster_slurmctld_port: int = Field(
+        default=16817, ge=1, le=65535, description="Port of the development cluster's slurmctld."
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The TOML file is merged in load_settings(), where its path is known for error messages.
+        return (init_settings, env_settings)
+
+    def slurm_command(self, name: str) -> str:
+        """The argv[0] for a Slurm client command, honouring ``slurm_bin_dir``."""
+        return str(self.slurm_bin_dir / name) if self.slurm_bin_dir else name
+
+    def slurm_env(self) -> dict[str, str]:
+        """The environment for Slurm commands: ours plus SLURM_CONF when configured."""
+        env = dict(os.environ)
+        if self.slurm_conf is not None:
+            env["SLURM_CONF"] = str(self.slurm_conf)
+        return env
+
+
+def resolve_config_path(explicit: Path | None = None) -> Path | None:
+    """The settings file to read: the explicit one, else $STRAGGLER_CONFIG, else the default."""
+    if explicit is not None:
+        return explicit
+    from_env = os.environ.get(CONFIG_ENV)
+    if from_env:
+        return Path(from_env)
+    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError as exc:
+        raise ConfigError("settings file not found", path=path) from exc
+    except PermissionError as exc:
+        raise ConfigError("settings file is not readable", path=path) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"not valid TOML: {exc}", path=path) from exc
+
+
+def _describe(exc: ValidationError) -> tuple[str, str | None]:
+    problems = []
+    first_field = None
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error["loc"]) or "(root)"
+        first_field = first_field or field
+        if error["type"] == "extra_forbidden":
+            problems.append(f"unknown setting {field!r}")
+        else:
+            problems.append(f"{field}: {error['msg']}")
+    return "; ".join(problems), first_field
+
+
+def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings from all sources; raise :class:`ConfigError` naming field and file."""
+    path = resolve_config_path(config_path)
+    file_values = _read_toml(path) if path is not None else {}
+    # The environment beats the file: drop file values that the environment sets.
+    merged = {k: v for k, v in file_values.items() if _env_name(k) not in os.environ}
+    merged.update(overrides)
+    try:
+        return Settings(**merged)
+    except ValidationError as exc:
+        message, field = _describe(exc)
+        from_env = field is not None and _env_name(field) in os.environ and field not in merged
+        raise ConfigError(
+            f"{message} (from environment variable {_env_name(field or '')})"
+            if from_env
+            else message,
+            path=None if from_env else path,
+            field=field,
+        ) from exc
+
+
+def _env_name(field: str) -> str:
+    return f"STRAGGLER_{field}".upper()

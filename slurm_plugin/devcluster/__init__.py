@@ -1,0 +1,5 @@
+"""A real multi-node Slurm cluster plus redis-server on one machine, for tests and the demo."""
+
+from slurm_plugin.devcluster.cluster import ClusterStatus, DaemonStatus, DevCluster
+
+__all__ = ["ClusterStatus", "DaemonStatus", "DevCluster"]

@@ -1,0 +1,417 @@
+"""Bring a real local Slurm cluster (munge, slurmctld, N slurmd) and a redis-server up and down.
+
+Each compute node is a real ``slurmd -N nodeN`` in its own UTS namespace, so ``hostname`` inside
+jobs and prologs answers ``nodeN``. All state lives under one base directory; daemons are found
+again through their pid files, and processes are only ever stopped when we started them (a pid
+file of ours, or a UTS namespace we created for a node).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from string import Template
+
+import redis
+import structlog
+
+from slurm_plugin.config import Settings
+from slurm_plugin.devcluster import procs
+from slurm_plugin.errors import CommandError, DevClusterError
+from slurm_plugin.slurm.runner import run_command
+
+log = structlog.get_logger(__name__)
+
+REQUIRED_PROGRAMS = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "squeue", "scancel",
+                     "redis-server", "unshare")
+_READY_STATES = {"idle", "mixed", "allocated", "completing"}
+
+
+@dataclass(frozen=True)
+class DaemonStatus:
+    """One daemon of the cluster and whether it runs."""
+
+    name: str
+    pid: int | None
+    alive: bool
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """What ``status`` and ``up`` report."""
+
+    base: str
+    daemons: list[DaemonStatus]
+    nodes: dict[str, str]
+    redis_ok: bool
+    env: dict[str, str]
+    elapsed_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ready(self) -> bool:
+        """All daemons run, Redis answers and every node is usable."""
+        return (
+            all(d.alive for d in self.daemons)
+            and self.redis_ok
+            and bool(self.nodes)
+            and all(state in _READY_STATES for state in self.nodes.values())
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-ready dictionary (``straggler devcluster status --json``)."""
+        data = asdict(self)
+        data["ready"] = self.ready
+        return data
+
+
+def default_template_dir() -> Path:
+    """``contrib/devcluster`` of the source checkout this package runs from."""
+    return Path(__file__).resolve().parents[2] / "contrib" / "devcluster"
+
+
+class DevCluster:
+    """A local development cluster rooted at ``base``."""
+
+    def __init__(
+        self,
+        base: Path,
+        *,
+        nodes: int = 4,
+        redis_port: int = 16379,
+        slurmctld_port: int = 16817,
+        template_dir: Path | None = None,
+        hosts_file: Path = Path("/etc/hosts"),
+        command_timeout_s: float = 15.0,
+    ) -> None:
+        if not 1 <= nodes <= 9:
+            raise DevClusterError(f"nodes must be 1..9 (ports 17001..17009), not {nodes}")
+        self.base = base.resolve()
+        self.node_names = [f"node{i}" for i in range(1, nodes + 1)]
+        self.redis_port = redis_port
+        self.slurmctld_port = slurmctld_port
+        self.template_dir = template_dir or default_template_dir()
+        self.hosts_file = hosts_file
+        self.timeout_s = command_timeout_s
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **kwargs: object) -> DevCluster:
+        """A cluster configured by ``devcluster_*`` settings."""
+        return cls(
+            settings.devcluster_dir,
+            redis_port=settings.devcluster_redis_port,
+            slurmctld_port=settings.devcluster_slurmctld_port,
+            command_timeout_s=settings.command_timeout_s,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    # -- paths -----------------------------------------------------------------------------
+    @property
+    def slurm_conf(self) -> Path:
+        """The generated slurm.conf."""
+        return self.base / "etc" / "slurm.conf"
+
+    @property
+    def redis_url(self) -> str:
+        """The URL of the cluster's redis-server (database 0)."""
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    def env(self) -> dict[str, str]:
+        """The variables to export to use this cluster."""
+        return {"SLURM_CONF": str(self.slurm_conf), "STRAGGLER_REDIS_URL": self.redis_url}
+
+    def _slurm_env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+
+    def _pidfile(self, daemon: str) -> Path:
+        if daemon == "munged":
+            return self.base / "munge" / "run" / "munged.pid"
+        return self.base / "run" / f"{daemon}.pid"
+
+    def _daemon_names(self) -> list[str]:
+        return ["munged", "redis", "slurmctld", *(f"slurmd-{n}" for n in self.node_names)]
+
+    # -- fault injection (tests and the demo) ----------------------------------------------
+    def inject_prolog_failure(self, node: str) -> None:
+        """Make the prolog on ``node`` exit 1 until :meth:`clear_faults`."""
+        if node not in self.node_names:
+            raise DevClusterError(f"unknown node {node!r}; nodes are {', '.join(self.node_names)}")
+        (self.base / "faults").mkdir(parents=True, exist_ok=True)
+        (self.base / "faults" / f"prolog-fail-{node}").touch()
+
+    def clear_faults(self) -> None:
+        """Remove every injected fault."""
+        for marker in (self.base / "faults").glob("*"):
+            marker.unlink()
+
+    # -- up ----------------------------------------------------------------------------------
+    def up(
+        self,
+        *,
+        prolog: Path | None = None,
+        epilog: Path | None = None,
+        plugstack: Sequence[str] = (),
+        wait_s: float = 60.0,
+    ) -> ClusterStatus:
+        """Start whatever is not running yet and wait until every node is usable (idempotent)."""
+        started = time.monotonic()
+        missing = [p for p in REQUIRED_PROGRAMS if shutil.which(p) is None]
+        if missing:
+            raise DevClusterError(
+                f"missing programs: {', '.join(missing)} (run `make install` as root to get them)"
+            )
+        self._make_dirs()
+        self._write_hosts()
+        slurm_changed = self._write_configs(prolog, epilog, plugstack)
+        notes: list[str] = []
+        if slurm_changed and any(procs.is_alive(procs.read_pid(self._pidfile(d)))
+                                 for d in self._daemon_names()[2:]):
+            notes.append("configuration changed: restarted the Slurm daemons")
+            self._stop_slurm()
+        self._start_munge()
+        self._start_redis()
+        self._start_slurmctld()
+        for node in self.node_names:
+            self._start_slurmd(node)
+        self._wait_ready(time.monotonic() + wait_s, notes)
+        return replace(self.status(), elapsed_s=round(time.monotonic() - started, 3), notes=notes)
+
+    def _make_dirs(self) -> None:
+        for sub in ("etc", "run", "log", "state/ctld", "state/redis", "faults", "munge/run"):
+            (self.base / sub).mkdir(parents=True, exist_ok=True)
+        for node in self.node_names:
+            (self.base / "state" / node).mkdir(parents=True, exist_ok=True)
+        (self.base / "munge" / "etc").mkdir(mode=0o700, parents=True, exist_ok=True)
+        for path in (self.base, self.base / "munge", self.base / "munge" / "run"):
+            path.chmod(0o755)  # munged insists that everyone may traverse its socket directory
+
+    def _write_hosts(self) -> None:
+        block = procs.hosts_block({n: f"127.0.1.{i}" for i, n in enumerate(self.node_names, 1)})
+        text = self.hosts_file.read_text()
+        new = procs.strip_hosts_block(text)
+        new = (new if new.endswith("\n") or not new else new + "\n") + block
+        if new != text:
+            procs.write_in_place(self.hosts_file, new)
+
+    def _render(self, name: str, **values: object) -> str:
+        template = self.template_dir / name
+        try:
+            return Template(template.read_text()).substitute(values)
+        except OSError as exc:
+            raise DevClusterError(f"cannot read template {template}: {exc.strerror}") from exc
+        except (KeyError, ValueError) as exc:
+            raise DevClusterError(f"bad template {template}: {exc}") from exc
+
+    def _write_configs(
+        self, prolog: Path | None, epilog: Path | None, plugstack: Sequence[str]
+    ) -> bool:
+        """Write every config file; True when slurm.conf or plugstack.conf changed."""
+        nodes = "\n".join(
+            f"NodeName={n} NodeHostname={n} NodeAddr=127.0.1.{i} Port={17000 + i} "
+            "CPUs=2 RealMemory=1000 State=UNKNOWN"
+            for i, n in enumerate(self.node_names, 1)
+        )
+        slurm = self._render(
+            "slurm.conf.in", base=self.base, ctl_host=socket.gethostname().split(".")[0],
+            ctl_port=self.slurmctld_port, munge_socket=self._munge_socket(), nodes=nodes,
+        )
+        redis_conf = self._render("redis.conf.in", base=self.base, redis_port=self.redis_port)
+        changed = _write_if_changed(self.slurm_conf, slurm)
+        changed |= _write_if_changed(self.base / "etc" / "plugstack.conf",
+                                     "".join(f"{line}\n" for line in plugstack))
+        _write_if_changed(self.base / "etc" / "redis.conf", redis_conf)
+        for hook, target in (("prolog", prolog), ("epilog", epilog)):
+            _write_if_changed(self.base / "etc" / hook, self._hook_script(hook, target))
+            (self.base / "etc" / hook).chmod(0o755)
+        key = self.base / "munge" / "etc" / "munge.key"
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+            key.chmod(0o400)
+        return changed
+
+    def _hook_script(self, hook: str, target: Path | None) -> str:
+        faults = shlex.quote(str(self.base / "faults"))
+        run = f"exec {shlex.quote(str(target.resolve()))}" if target else "exit 0"
+        return (
+            "#!/bin/sh\n"
+            f"# {hook} dispatcher of the slurm-straggler development cluster (generated).\n"
+            f'if [ -e {faults}/{hook}-fail-"$(hostname)" ]; then\n'
+            f'  echo "devcluster: injected {hook} failure on $(hostname)" >&2\n'
+            "  exit 1\n"
+            "fi\n"
+            f"{run}\n"
+        )
+
+    def _munge_socket(self) -> Path:
+        return self.base / "munge" / "run" / "munge.sock"
+
+    def _alive(self, daemon: str) -> bool:
+        return procs.is_alive(procs.read_pid(self._pidfile(daemon)))
+
+    def _spawn(self, argv: Sequence[str], daemon: str) -> None:
+        """Run a self-daemonising program and wait until its pid file names a live process."""
+        result = run_command(argv, timeout_s=self.timeout_s, env=self._slurm_env(), check=False)
+        deadline = time.monotonic() + self.timeout_s
+        while not self._alive(daemon):
+            if time.monotonic() > deadline:
+                detail = (result.stderr or result.stdout).strip()
+                raise DevClusterError(
+                    f"{daemon} did not start (exit {result.returncode}: {detail or 'no output'}); "
+                    f"see {self.base / 'log'}"
+                )
+            time.sleep(0.05)
+        log.info("devcluster.started", daemon=daemon, pid=procs.read_pid(self._pidfile(daemon)))
+
+    def _start_munge(self) -> None:
+        if self._alive("munged"):
+            return
+        m = self.base / "munge"
+        self._spawn(
+            ["munged", f"--key-file={m / 'etc' / 'munge.key'}", f"--socket={self._munge_socket()}",
+             f"--pid-file={self._pidfile('munged')}", f"--log-file={m / 'munged.log'}",
+             f"--seed-file={m / 'etc' / 'munged.seed'}", "--force"],
+            "munged",
+        )
+
+    def _start_redis(self) -> None:
+        if not self._alive("redis"):
+            self._spawn(["redis-server", str(self.base / "etc" / "redis.conf")], "redis")
+
+    def _start_slurmctld(self) -> None:
+        if not self._alive("slurmctld"):
+            self._spawn(["slurmctld", "-f", str(self.slurm_conf)], "slurmctld")
+
+    def _start_slurmd(self, node: str) -> None:
+        daemon = f"slurmd-{node}"
+        if self._alive(daemon):
+            return
+        script = 'hostname "$1" && exec slurmd -f "$2" -N "$1"'
+        self._spawn(["unshare", "--uts", "/bin/sh", "-c", script, "sh", node,
+                     str(self.slurm_conf)], daemon)
+        pid = procs.read_pid(self._pidfile(daemon))
+        namespace = procs.uts_namespace(pid) if pid else None
+        if namespace is None or namespace == procs.uts_namespace(os.getpid()):
+            raise DevClusterError(f"{daemon} is not in a UTS namespace of its own")
+        (self.base / "run" / f"{daemon}.uts").write_text(namespace)
+
+    def _node_states(self) -> dict[str, str]:
+        try:
+            out = run_command(["sinfo", "-h", "-N", "-o", "%N %T"], timeout_s=self.timeout_s,
+                              env=self._slurm_env()).stdout
+        except CommandError:
+            return {}
+        states = {}
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                states[parts[0]] = parts[1]
+        return states
+
+    def _wait_ready(self, deadline: float, notes: list[str]) -> None:
+        resumed: set[str] = set()
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            states = self._node_states()
+            for node, state in states.items():
+                # A dev cluster starts clean: nodes left drained/down by earlier runs come back.
+                if (state.startswith(("drain", "down")) and not state.endswith("*")
+                        and node not in resumed):
+                    run_command(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
+                                timeout_s=self.timeout_s, env=self._slurm_env(), check=False)
+                    resumed.add(node)
+                    notes.append(f"resumed {node} (was {state})")
+            if set(states) == set(self.node_names) and all(
+                s in _READY_STATES for s in states.values()
+            ) and self._redis_ok():
+                return
+            time.sleep(0.1)
+        raise DevClusterError(f"nodes not ready in time: {states or 'sinfo did not answer'}")
+
+    def _redis_ok(self) -> bool:
+        client = redis.Redis.from_url(self.redis_url, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
+    # -- status and down -----------------------------------------------------------------------
+    def status(self) -> ClusterStatus:
+        """The daemons, node states and Redis health right now."""
+        daemons = [
+            DaemonStatus(d, procs.read_pid(self._pidfile(d)), self._alive(d))
+            for d in self._daemon_names()
+        ]
+        slurm_up = any(d.alive for d in daemons if d.name == "slurmctld")
+        return ClusterStatus(
+            base=str(self.base),
+            daemons=daemons,
+            nodes=self._node_states() if slurm_up else {},
+            redis_ok=self._redis_ok() if daemons[1].alive else False,
+            env=self.env(),
+        )
+
+    def _stop_slurm(self) -> list[str]:
+        stopped = []
+        if self._alive("slurmctld"):
+            out = run_command(["squeue", "-h", "-o", "%i"], timeout_s=self.timeout_s,
+                              env=self._slurm_env(), check=False).stdout.split()
+            if out:
+                run_command(["scancel", *out], timeout_s=self.timeout_s, env=self._slurm_env(),
+                            check=False)
+                _wait_until(lambda: not run_command(
+                    ["squeue", "-h", "-o", "%i"], timeout_s=self.timeout_s,
+                    env=self._slurm_env(), check=False).stdout.strip(), 15.0)
+                stopped.append(f"cancelled jobs {' '.join(out)}")
+        namespaces = [
+            p.read_text() for p in (self.base / "run").glob("slurmd-*.uts") if p.is_file()
+        ]
+        namespaces = [ns for ns in namespaces if ns != procs.uts_namespace(os.getpid())]
+        for daemon in [*(f"slurmd-{n}" for n in self.node_names), "slurmctld"]:
+            pid = procs.read_pid(self._pidfile(daemon))
+            if procs.is_alive(pid):
+                procs.terminate([pid] if pid else [])
+                stopped.append(daemon)
+        leftovers = procs.pids_in_namespaces(namespaces)
+        if leftovers:
+            procs.terminate(leftovers, timeout_s=5.0)
+            stopped.append(f"{len(leftovers)} job processes left in node namespaces")
+        return stopped
+
+    def down(self, *, keep_state: bool = False) -> list[str]:
+        """Stop everything we started, remove our /etc/hosts block and (unless kept) the state."""
+        stopped = self._stop_slurm() if self.base.exists() else []
+        for daemon in ("redis", "munged"):
+            pid = procs.read_pid(self._pidfile(daemon))
+            if procs.is_alive(pid):
+                procs.terminate([pid] if pid else [])
+                stopped.append(daemon)
+        text = self.hosts_file.read_text()
+        if (stripped := procs.strip_hosts_block(text)) != text:
+            procs.write_in_place(self.hosts_file, stripped)
+        if not keep_state and self.base.exists():
+            shutil.rmtree(self.base)
+        return stopped
+
+
+def _write_if_changed(path: Path, text: str) -> bool:
+    if path.exists() and path.read_text() == text:
+        return False
+    path.write_text(text)
+    return True
+
+
+def _wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False

@@ -1,0 +1,104 @@
+"""Process and host-file helpers for the development cluster (Linux only).
+
+PID 1 on some machines never reaps exited daemons, so ``kill -0`` succeeds on zombies: liveness
+is read from ``/proc/PID/stat`` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+HOSTS_BEGIN = "# BEGIN slurm-straggler devcluster (managed; removed by `straggler devcluster down`)"
+HOSTS_END = "# END slurm-straggler devcluster"
+
+
+def read_pid(path: Path) -> int | None:
+    """The pid in a pid file, or None when the file is missing or garbled."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def is_alive(pid: int | None) -> bool:
+    """True when ``pid`` names a running (not zombie) process."""
+    if pid is None or pid <= 0:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # The state follows the parenthesised command name, which may itself contain spaces.
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    return state not in {"Z", "X"}
+
+
+def uts_namespace(pid: int) -> str | None:
+    """The UTS namespace id of a process (``uts:[4026532...]``), or None."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/uts")
+    except OSError:
+        return None
+
+
+def pids_in_namespaces(namespaces: Iterable[str]) -> list[int]:
+    """Every live process whose UTS namespace is one of ``namespaces``."""
+    wanted = set(namespaces)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and uts_namespace(int(entry.name)) in wanted:
+            pid = int(entry.name)
+            if is_alive(pid):
+                found.append(pid)
+    return found
+
+
+def terminate(pids: Iterable[int], *, timeout_s: float = 10.0) -> list[int]:
+    """SIGTERM, wait up to ``timeout_s``, then SIGKILL; return the pids that had to be killed."""
+    pending = [pid for pid in pids if is_alive(pid)]
+    for pid in pending:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pending = [pid for pid in pending if is_alive(pid)]
+    for pid in pending:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pending
+
+
+def hosts_block(entries: dict[str, str]) -> str:
+    """The marked /etc/hosts block for ``{hostname: address}``."""
+    lines = [HOSTS_BEGIN, *(f"{addr} {name}" for name, addr in entries.items()), HOSTS_END]
+    return "\n".join(lines) + "\n"
+
+
+def strip_hosts_block(text: str) -> str:
+    """``text`` without our marked block (any number of them); other lines stay untouched."""
+    kept: list[str] = []
+    inside = False
+    for line in text.splitlines(keepends=True):
+        stripped = line.rstrip("\n")
+        if stripped == HOSTS_BEGIN:
+            inside = True
+        elif stripped == HOSTS_END and inside:
+            inside = False
+        elif not inside:
+            kept.append(line)
+    return "".join(kept)
+
+
+def write_in_place(path: Path, text: str) -> None:
+    """Rewrite a file without replacing its inode (/etc/hosts is often a bind mount)."""
+    with path.open("r+") as handle:
+        handle.seek(0)
+        handle.write(text)
+        handle.truncate()

@@ -1,0 +1,1 @@
+"""Slurm adapter: command runner, parsers and scheduler backends."""

@@ -1,0 +1,120 @@
+"""Fixtures that give tests the real local Slurm cluster and a private Redis database."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+
+from slurm_plugin.config import load_settings
+from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.slurm.parsers import expand_hostlist, parse_scontrol_record
+from slurm_plugin.slurm.runner import CommandResult, run_command
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll ``predicate`` until it is true; fail the test naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.25)
+    pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+@dataclass
+class Slurm:
+    """Runs Slurm's own commands against the dev cluster and cancels its jobs afterwards."""
+
+    cluster: DevCluster
+    jobs: list[str] = field(default_factory=list)
+
+    def run(self, *argv: str, check: bool = True) -> CommandResult:
+        env = {**os.environ, **self.cluster.env()}
+        return run_command(list(argv), timeout_s=30, env=env, check=check)
+
+    def sbatch(self, *args: str) -> str:
+        job_id = self.run("sbatch", "--parsable", *args).stdout.strip().split(";")[0]
+        self.jobs.append(job_id)
+        return job_id
+
+    def job(self, job_id: str) -> dict[str, str]:
+        return parse_scontrol_record(self.run("scontrol", "-o", "show", "job", job_id).stdout)
+
+    def job_nodes(self, job_id: str) -> list[str]:
+        return expand_hostlist(self.job(job_id).get("NodeList", ""))
+
+    def node(self, name: str) -> dict[str, str]:
+        return parse_scontrol_record(self.run("scontrol", "-o", "show", "node", name).stdout)
+
+    def node_state(self, name: str) -> str:
+        return self.run("sinfo", "-h", "-n", name, "-o", "%T").stdout.strip()
+
+    def wait_job(self, job_id: str, state: str, timeout_s: float = 60) -> dict[str, str]:
+        """Wait until the job is in ``state`` (RUNNING means: past its prolog too)."""
+
+        def reached() -> bool:
+            record = self.job(job_id)
+            ok = record.get("JobState") == state
+            return ok and not (state == "RUNNING" and record.get("Reason") == "Prolog")
+
+        wait_for(reached, timeout_s, f"job {job_id} to be {state}")
+        return self.job(job_id)
+
+    def cancel_all(self) -> None:
+        if self.jobs:
+            self.run("scancel", *self.jobs, check=False)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[DevCluster]:
+    """The dev cluster: reused when already up (make test starts it), else started here."""
+    dev = DevCluster.from_settings(load_settings())
+    started_here = not dev.status().ready
+    if started_here:
+        dev.up()
+    yield dev
+    if started_here:
+        dev.down()
+
+
+@pytest.fixture
+def slurm(cluster: DevCluster) -> Iterator[Slurm]:
+    """Slurm commands against the cluster; the test's jobs and faults are cleaned up after it."""
+    helper = Slurm(cluster)
+    yield helper
+    helper.cancel_all()
+    cluster.clear_faults()
+    for node in cluster.node_names:
+        state = helper.node_state(node)
+        if state.startswith(("drain", "down")):
+            helper.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+    wait_for(lambda: all(helper.node_state(n) == "idle" for n in cluster.node_names),
+             30, "every node to be idle again")
+
+
+_DATABASES = itertools.cycle(range(1, 16))
+
+
+@pytest.fixture
+def redis_url(cluster: DevCluster) -> Iterator[str]:
+    """A URL to a Redis database of the cluster's server that is empty for this test alone."""
+    url = cluster.redis_url.rsplit("/", 1)[0] + f"/{next(_DATABASES)}"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def job_dir(tmp_path: Path) -> Path:
+    """A directory the jobs (run as root on this machine) can write their output to."""
+    tmp_path.chmod(0o777)
+    return tmp_path
