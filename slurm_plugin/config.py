@@ -38,18 +38,18 @@ class Settings(BaseSettings):
 
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0",
-        description="Redis URL (redis:// or rediss://) for telemetry, history and the audit trail.",
+        description="Redis URL (redis:// or rediss://): telemetry, node history, audit trail.",
     )
     redis_timeout_s: float = Field(
         default=2.0, gt=0, description="Socket connect/read timeout for every Redis call, seconds."
     )
     slurm_bin_dir: Path | None = Field(
         default=None,
-        description="Directory holding scontrol/squeue/sinfo/sbatch; None means look them up on PATH.",
+        description="Directory of scontrol/squeue/sinfo/sbatch; None: look them up on PATH.",
     )
     slurm_conf: Path | None = Field(
         default=None,
-        description="slurm.conf passed to Slurm commands as SLURM_CONF; None keeps Slurm's default.",
+        description="slurm.conf for Slurm commands (SLURM_CONF); None keeps Slurm's default.",
     )
     command_timeout_s: float = Field(
         default=15.0, gt=0, description="Timeout for any one Slurm command, seconds."

@@ -14,14 +14,18 @@ from slurm_plugin.devcluster import ClusterStatus, DevCluster
 
 def _print_status(status: ClusterStatus) -> None:
     emit_table(
-        [{"daemon": d.name, "pid": d.pid or "-", "running": "yes" if d.alive else "no"}
-         for d in status.daemons],
+        [
+            {"daemon": d.name, "pid": d.pid or "-", "running": "yes" if d.alive else "no"}
+            for d in status.daemons
+        ],
         ["daemon", "pid", "running"],
     )
     click.echo("")
     emit_table([{"node": n, "state": s} for n, s in status.nodes.items()], ["node", "state"])
-    click.echo(f"\nredis: {'ok' if status.redis_ok else 'unreachable'}   "
-               f"ready: {'yes' if status.ready else 'no'}")
+    click.echo(
+        f"\nredis: {'ok' if status.redis_ok else 'unreachable'}   "
+        f"ready: {'yes' if status.ready else 'no'}"
+    )
 
 
 def _print_env(status: ClusterStatus) -> None:
@@ -35,18 +39,40 @@ def devcluster() -> None:
 
 
 @devcluster.command()
-@click.option("--prolog", type=click.Path(path_type=Path, exists=True, dir_okay=False),
-              help="Program run as Slurm's Prolog on every node (after injected faults).")
-@click.option("--epilog", type=click.Path(path_type=Path, exists=True, dir_okay=False),
-              help="Program run as Slurm's Epilog on every node.")
-@click.option("--plugstack-line", "plugstack", multiple=True,
-              help="A line for plugstack.conf (SPANK plugins); repeatable.")
-@click.option("--wait", "wait_s", type=float, default=60.0, show_default=True,
-              help="Seconds to wait for every node to become usable.")
+@click.option(
+    "--prolog",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Program run as Slurm's Prolog on every node (after injected faults).",
+)
+@click.option(
+    "--epilog",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Program run as Slurm's Epilog on every node.",
+)
+@click.option(
+    "--plugstack-line",
+    "plugstack",
+    multiple=True,
+    help="A line for plugstack.conf (SPANK plugins); repeatable.",
+)
+@click.option(
+    "--wait",
+    "wait_s",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for every node to become usable.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @click.pass_obj
-def up(settings: Settings, prolog: Path | None, epilog: Path | None,
-       plugstack: tuple[str, ...], wait_s: float, as_json: bool) -> None:
+def up(
+    settings: Settings,
+    prolog: Path | None,
+    epilog: Path | None,
+    plugstack: tuple[str, ...],
+    wait_s: float,
+    as_json: bool,
+) -> None:
     """Start munge, redis-server, slurmctld and 4 slurmd (idempotent); print what to export."""
     status = DevCluster.from_settings(settings).up(
         prolog=prolog, epilog=epilog, plugstack=plugstack, wait_s=wait_s
@@ -56,8 +82,10 @@ def up(settings: Settings, prolog: Path | None, epilog: Path | None,
         return
     for note in status.notes:
         click.echo(f"note: {note}")
-    click.echo(f"cluster up in {status.elapsed_s:.2f} s: "
-               + ", ".join(f"{n} {s}" for n, s in status.nodes.items()))
+    click.echo(
+        f"cluster up in {status.elapsed_s:.2f} s: "
+        + ", ".join(f"{n} {s}" for n, s in status.nodes.items())
+    )
     click.echo("# use it with:")
     _print_env(status)
 

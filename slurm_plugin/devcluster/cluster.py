@@ -28,8 +28,17 @@ from slurm_plugin.slurm.runner import run_command
 
 log = structlog.get_logger(__name__)
 
-REQUIRED_PROGRAMS = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "squeue", "scancel",
-                     "redis-server", "unshare")
+REQUIRED_PROGRAMS = (
+    "munged",
+    "slurmctld",
+    "slurmd",
+    "scontrol",
+    "sinfo",
+    "squeue",
+    "scancel",
+    "redis-server",
+    "unshare",
+)
 _READY_STATES = {"idle", "mixed", "allocated", "completing"}
 
 
@@ -170,8 +179,9 @@ class DevCluster:
         self._write_hosts()
         slurm_changed = self._write_configs(prolog, epilog, plugstack)
         notes: list[str] = []
-        if slurm_changed and any(procs.is_alive(procs.read_pid(self._pidfile(d)))
-                                 for d in self._daemon_names()[2:]):
+        if slurm_changed and any(
+            procs.is_alive(procs.read_pid(self._pidfile(d))) for d in self._daemon_names()[2:]
+        ):
             notes.append("configuration changed: restarted the Slurm daemons")
             self._stop_slurm()
         self._start_munge()
@@ -218,13 +228,18 @@ class DevCluster:
             for i, n in enumerate(self.node_names, 1)
         )
         slurm = self._render(
-            "slurm.conf.in", base=self.base, ctl_host=socket.gethostname().split(".")[0],
-            ctl_port=self.slurmctld_port, munge_socket=self._munge_socket(), nodes=nodes,
+            "slurm.conf.in",
+            base=self.base,
+            ctl_host=socket.gethostname().split(".")[0],
+            ctl_port=self.slurmctld_port,
+            munge_socket=self._munge_socket(),
+            nodes=nodes,
         )
         redis_conf = self._render("redis.conf.in", base=self.base, redis_port=self.redis_port)
         changed = _write_if_changed(self.slurm_conf, slurm)
-        changed |= _write_if_changed(self.base / "etc" / "plugstack.conf",
-                                     "".join(f"{line}\n" for line in plugstack))
+        changed |= _write_if_changed(
+            self.base / "etc" / "plugstack.conf", "".join(f"{line}\n" for line in plugstack)
+        )
         _write_if_changed(self.base / "etc" / "redis.conf", redis_conf)
         for hook, target in (("prolog", prolog), ("epilog", epilog)):
             _write_if_changed(self.base / "etc" / hook, self._hook_script(hook, target))
@@ -273,9 +288,15 @@ class DevCluster:
             return
         m = self.base / "munge"
         self._spawn(
-            ["munged", f"--key-file={m / 'etc' / 'munge.key'}", f"--socket={self._munge_socket()}",
-             f"--pid-file={self._pidfile('munged')}", f"--log-file={m / 'munged.log'}",
-             f"--seed-file={m / 'etc' / 'munged.seed'}", "--force"],
+            [
+                "munged",
+                f"--key-file={m / 'etc' / 'munge.key'}",
+                f"--socket={self._munge_socket()}",
+                f"--pid-file={self._pidfile('munged')}",
+                f"--log-file={m / 'munged.log'}",
+                f"--seed-file={m / 'etc' / 'munged.seed'}",
+                "--force",
+            ],
             "munged",
         )
 
@@ -292,8 +313,9 @@ class DevCluster:
         if self._alive(daemon):
             return
         script = 'hostname "$1" && exec slurmd -f "$2" -N "$1"'
-        self._spawn(["unshare", "--uts", "/bin/sh", "-c", script, "sh", node,
-                     str(self.slurm_conf)], daemon)
+        self._spawn(
+            ["unshare", "--uts", "/bin/sh", "-c", script, "sh", node, str(self.slurm_conf)], daemon
+        )
         pid = procs.read_pid(self._pidfile(daemon))
         namespace = procs.uts_namespace(pid) if pid else None
         if namespace is None or namespace == procs.uts_namespace(os.getpid()):
@@ -302,8 +324,11 @@ class DevCluster:
 
     def _node_states(self) -> dict[str, str]:
         try:
-            out = run_command(["sinfo", "-h", "-N", "-o", "%N %T"], timeout_s=self.timeout_s,
-                              env=self._slurm_env()).stdout
+            out = run_command(
+                ["sinfo", "-h", "-N", "-o", "%N %T"],
+                timeout_s=self.timeout_s,
+                env=self._slurm_env(),
+            ).stdout
         except CommandError:
             return {}
         states = {}
@@ -320,15 +345,24 @@ class DevCluster:
             states = self._node_states()
             for node, state in states.items():
                 # A dev cluster starts clean: nodes left drained/down by earlier runs come back.
-                if (state.startswith(("drain", "down")) and not state.endswith("*")
-                        and node not in resumed):
-                    run_command(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
-                                timeout_s=self.timeout_s, env=self._slurm_env(), check=False)
+                if (
+                    state.startswith(("drain", "down"))
+                    and not state.endswith("*")
+                    and node not in resumed
+                ):
+                    run_command(
+                        ["scontrol", "update", f"NodeName={node}", "State=RESUME"],
+                        timeout_s=self.timeout_s,
+                        env=self._slurm_env(),
+                        check=False,
+                    )
                     resumed.add(node)
                     notes.append(f"resumed {node} (was {state})")
-            if set(states) == set(self.node_names) and all(
-                s in _READY_STATES for s in states.values()
-            ) and self._redis_ok():
+            if (
+                set(states) == set(self.node_names)
+                and all(s in _READY_STATES for s in states.values())
+                and self._redis_ok()
+            ):
                 return
             time.sleep(0.1)
         raise DevClusterError(f"nodes not ready in time: {states or 'sinfo did not answer'}")
@@ -361,14 +395,27 @@ class DevCluster:
     def _stop_slurm(self) -> list[str]:
         stopped = []
         if self._alive("slurmctld"):
-            out = run_command(["squeue", "-h", "-o", "%i"], timeout_s=self.timeout_s,
-                              env=self._slurm_env(), check=False).stdout.split()
+            out = run_command(
+                ["squeue", "-h", "-o", "%i"],
+                timeout_s=self.timeout_s,
+                env=self._slurm_env(),
+                check=False,
+            ).stdout.split()
             if out:
-                run_command(["scancel", *out], timeout_s=self.timeout_s, env=self._slurm_env(),
-                            check=False)
-                _wait_until(lambda: not run_command(
-                    ["squeue", "-h", "-o", "%i"], timeout_s=self.timeout_s,
-                    env=self._slurm_env(), check=False).stdout.strip(), 15.0)
+                run_command(
+                    ["scancel", *out], timeout_s=self.timeout_s, env=self._slurm_env(), check=False
+                )
+                _wait_until(
+                    lambda: (
+                        not run_command(
+                            ["squeue", "-h", "-o", "%i"],
+                            timeout_s=self.timeout_s,
+                            env=self._slurm_env(),
+                            check=False,
+                        ).stdout.strip()
+                    ),
+                    15.0,
+                )
                 stopped.append(f"cancelled jobs {' '.join(out)}")
         namespaces = [
             p.read_text() for p in (self.base / "run").glob("slurmd-*.uts") if p.is_file()

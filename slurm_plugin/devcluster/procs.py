@@ -42,7 +42,7 @@ def is_alive(pid: int | None) -> bool:
 def uts_namespace(pid: int) -> str | None:
     """The UTS namespace id of a process (``uts:[4026532...]``), or None."""
     try:
-        return os.readlink(f"/proc/{pid}/ns/uts")
+        return str(Path(f"/proc/{pid}/ns/uts").readlink())
     except OSError:
         return None
 

@@ -95,8 +95,11 @@ def slurm(cluster: DevCluster) -> Iterator[Slurm]:
         state = helper.node_state(node)
         if state.startswith(("drain", "down")):
             helper.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
-    wait_for(lambda: all(helper.node_state(n) == "idle" for n in cluster.node_names),
-             30, "every node to be idle again")
+    wait_for(
+        lambda: all(helper.node_state(n) == "idle" for n in cluster.node_names),
+        30,
+        "every node to be idle again",
+    )
 
 
 _DATABASES = itertools.cycle(range(1, 16))

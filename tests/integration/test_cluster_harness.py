@@ -96,5 +96,5 @@ def test_redis_round_trip_through_the_configured_url(
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=settings.redis_timeout_s)
     client.set("stg:test:roundtrip", "ok", ex=60)
     assert client.get("stg:test:roundtrip") == b"ok"
-    assert client.config_get("port")["port"] == redis_url.split(":")[2].split("/")[0]
+    assert client.config_get("port")["port"] == redis_url.split(":")[2].split("/", maxsplit=1)[0]
     client.close()

@@ -1,0 +1,59 @@
+# slurm-straggler: the two commands of the README live here (`make test`; `make demo` later).
+# Run as root on Debian/Ubuntu: missing system packages are installed with apt-get.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+APT_PACKAGES := slurmctld slurmd slurm-client munge libslurm-dev redis-server gcc make \
+                hostname util-linux python3-venv python3-pip
+SYSTEM_PROGRAMS := munged slurmctld slurmd scontrol sinfo squeue sbatch scancel redis-server \
+                   unshare hostname gcc
+
+.PHONY: install system-packages test lint cluster-up cluster-down clean
+
+install: system-packages $(VENV)/.installed
+
+system-packages:
+	@missing=""; \
+	for p in $(SYSTEM_PROGRAMS); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	[ -f /usr/include/slurm/spank.h ] || missing="$$missing libslurm-dev"; \
+	$(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages (missing:$$missing)"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "error: run as root to install:$$missing" >&2; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends $(APT_PACKAGES); \
+	fi
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python >= 3.11 is required (set PYTHON=...)")'
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade "pip>=25.1"
+	$(BIN)/python -m pip install -q -e . --group dev
+	touch $@
+
+# Bring the local cluster up, run every test tier that this machine can run, and always bring
+# the cluster down again (also when tests fail). Exit status: pytest's (5 = no tests = failure).
+test: install
+	@status=0; \
+	$(BIN)/straggler devcluster up || status=$$?; \
+	if [ $$status -eq 0 ]; then \
+	  $(BIN)/python -m pytest $(PYTEST_ARGS) || status=$$?; \
+	fi; \
+	$(BIN)/straggler devcluster down || true; \
+	exit $$status
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+cluster-up: install
+	$(BIN)/straggler devcluster up
+
+cluster-down: install
+	$(BIN)/straggler devcluster down
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -1,0 +1,101 @@
+"""Settings: precedence of sources, and errors that name the field and the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.config import Settings, load_settings
+from slurm_plugin.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(__import__("os").environ):
+        if name.startswith("STRAGGLER_"):
+            monkeypatch.delenv(name)
+
+
+def test_defaults_without_file() -> None:
+    """With no file and no environment the documented defaults apply."""
+    settings = load_settings(None)
+    assert settings.redis_url == "redis://127.0.0.1:6379/0"
+    assert settings.command_timeout_s == 15.0
+
+
+def test_file_values_are_read(tmp_path: Path) -> None:
+    """A TOML file sets values, typed by the schema."""
+    path = tmp_path / "config.toml"
+    path.write_text('redis_url = "redis://db.example:6380/2"\ncommand_timeout_s = 3\n')
+    settings = load_settings(path)
+    assert settings.redis_url == "redis://db.example:6380/2"
+    assert settings.command_timeout_s == 3.0
+
+
+def test_typo_in_file_names_the_key_and_the_file(tmp_path: Path) -> None:
+    """An unknown key is an error that names both the key and the file."""
+    path = tmp_path / "config.toml"
+    path.write_text('redis_ulr = "redis://x"\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert "redis_ulr" in str(info.value)
+    assert str(path) in str(info.value)
+    assert info.value.field == "redis_ulr"
+
+
+def test_bad_value_names_the_field(tmp_path: Path) -> None:
+    """A value of the wrong type or range names its field."""
+    path = tmp_path / "config.toml"
+    path.write_text("command_timeout_s = -1\n")
+    with pytest.raises(ConfigError, match="command_timeout_s"):
+        load_settings(path)
+
+
+def test_invalid_toml_is_a_config_error(tmp_path: Path) -> None:
+    """Broken TOML is reported with the file name, not as a parser traceback."""
+    path = tmp_path / "config.toml"
+    path.write_text("redis_url = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_settings(path)
+
+
+def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
+    """An explicitly named file that does not exist is an error, not silently ignored."""
+    with pytest.raises(ConfigError, match="not found"):
+        load_settings(tmp_path / "nope.toml")
+
+
+def test_environment_beats_file_and_file_path_from_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """STRAGGLER_CONFIG selects the file; STRAGGLER_* variables override its values."""
+    path = tmp_path / "config.toml"
+    path.write_text('redis_url = "redis://from-file:1/0"\ncommand_timeout_s = 4\n')
+    monkeypatch.setenv("STRAGGLER_CONFIG", str(path))
+    monkeypatch.setenv("STRAGGLER_REDIS_URL", "redis://from-env:2/0")
+    settings = load_settings()
+    assert settings.redis_url == "redis://from-env:2/0"
+    assert settings.command_timeout_s == 4.0
+
+
+def test_bad_environment_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad value from the environment names the variable rather than a file."""
+    monkeypatch.setenv("STRAGGLER_COMMAND_TIMEOUT_S", "soon")
+    with pytest.raises(ConfigError, match="STRAGGLER_COMMAND_TIMEOUT_S"):
+        load_settings(None)
+
+
+def test_settings_are_frozen() -> None:
+    """Settings are one immutable object shared by everything an entry point builds."""
+    settings = Settings()
+    with pytest.raises(ValueError, match="frozen"):
+        settings.redis_url = "redis://other"  # type: ignore[misc]
+
+
+def test_slurm_command_and_env(tmp_path: Path) -> None:
+    """Slurm binaries honour slurm_bin_dir and the environment carries SLURM_CONF."""
+    settings = Settings(slurm_bin_dir=tmp_path, slurm_conf=tmp_path / "slurm.conf")
+    assert settings.slurm_command("scontrol") == str(tmp_path / "scontrol")
+    assert settings.slurm_env()["SLURM_CONF"] == str(tmp_path / "slurm.conf")
+    assert Settings().slurm_command("squeue") == "squeue"

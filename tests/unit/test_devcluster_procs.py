@@ -1,0 +1,74 @@
+"""Dev-cluster helpers that need no cluster: liveness, UTS namespaces, the hosts block."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.devcluster import DevCluster, procs
+from slurm_plugin.errors import DevClusterError
+
+
+def test_is_alive_sees_zombies_as_dead() -> None:
+    """A zombie answers kill -0 but is not alive for us; a running process is."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    while True:  # wait for it to exit without reaping it
+        state = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "Z":
+            break
+    os.kill(child.pid, 0)  # the kernel still knows the pid
+    assert not procs.is_alive(child.pid)
+    child.wait()
+    assert procs.is_alive(os.getpid())
+    assert not procs.is_alive(None)
+
+
+def test_read_pid(tmp_path: Path) -> None:
+    """Pid files are parsed strictly: missing or garbled files give None."""
+    good, bad = tmp_path / "good.pid", tmp_path / "bad.pid"
+    good.write_text("123\n")
+    bad.write_text("12a")
+    assert procs.read_pid(good) == 123
+    assert procs.read_pid(bad) is None
+    assert procs.read_pid(tmp_path / "missing.pid") is None
+
+
+def test_hosts_block_round_trip(tmp_path: Path) -> None:
+    """Our block is appended and removed without touching anyone else's lines."""
+    original = "127.0.0.1 localhost\n10.0.0.5 db # keep me\n"
+    block = procs.hosts_block({"node1": "127.0.1.1", "node2": "127.0.1.2"})
+    assert "127.0.1.2 node2" in block
+    assert procs.strip_hosts_block(original + block) == original
+    assert procs.strip_hosts_block(original + block + block) == original
+    hosts = tmp_path / "hosts"
+    hosts.write_text(original + block)
+    inode = hosts.stat().st_ino
+    procs.write_in_place(hosts, procs.strip_hosts_block(hosts.read_text()))
+    assert hosts.read_text() == original
+    assert hosts.stat().st_ino == inode
+
+
+def test_terminate_stops_a_process() -> None:
+    """terminate() ends a live process that honours SIGTERM without needing SIGKILL."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    killed = procs.terminate([child.pid], timeout_s=5)
+    child.wait(timeout=5)
+    assert killed == []
+    assert child.returncode == -15
+
+
+def test_fault_injection_validates_node_names(tmp_path: Path) -> None:
+    """Only the cluster's own node names can get an injected fault; faults can be cleared."""
+    cluster = DevCluster(tmp_path / "dc", nodes=2)
+    cluster.inject_prolog_failure("node2")
+    assert (tmp_path / "dc" / "faults" / "prolog-fail-node2").exists()
+    with pytest.raises(DevClusterError, match="unknown node"):
+        cluster.inject_prolog_failure("../../etc/passwd")
+    cluster.clear_faults()
+    assert list((tmp_path / "dc" / "faults").iterdir()) == []
+    with pytest.raises(DevClusterError, match="nodes must be"):
+        DevCluster(tmp_path, nodes=0)
