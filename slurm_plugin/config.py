@@ -40,6 +40,18 @@ class Settings(BaseSettings):
         default="redis://127.0.0.1:6379/0",
         description="Redis URL (redis:// or rediss://): telemetry, node history, audit trail.",
     )
+    redis_cluster: bool = Field(
+        default=False, description="Treat redis_url as a Redis Cluster seed node."
+    )
+    telemetry_enabled: bool = Field(
+        default=True, description="Publish in-job step timings (False: reporters do nothing)."
+    )
+    telemetry_flush_interval_s: float = Field(
+        default=1.0, gt=0, le=60, description="How often a reporter flushes its buffer, seconds."
+    )
+    telemetry_buffer_records: int = Field(
+        default=100_000, ge=100, description="Records a reporter keeps while Redis is away."
+    )
     redis_timeout_s: float = Field(
         default=2.0, gt=0, description="Socket connect/read timeout for every Redis call, seconds."
     )

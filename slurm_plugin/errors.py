@@ -51,3 +51,7 @@ class RedisUnavailableError(StragglerError):
 
 class DevClusterError(StragglerError):
     """The local development cluster could not be brought up, inspected or down."""
+
+
+class TelemetryError(StragglerError):
+    """Telemetry that cannot be accepted: a bad key name or a malformed record."""

@@ -10,6 +10,7 @@ import click
 from slurm_plugin._version import __version__
 from slurm_plugin.cli.devcluster import devcluster
 from slurm_plugin.cli.output import emit_json, emit_table
+from slurm_plugin.cli.telemetry import export, sidecar
 from slurm_plugin.config import Settings, load_settings, resolve_config_path
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.logging import configure_logging
@@ -77,6 +78,8 @@ def config_show(ctx: click.Context, as_json: bool) -> None:
 
 
 cli.add_command(devcluster)
+cli.add_command(export)
+cli.add_command(sidecar)
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ from slurm_plugin.config import Settings
 from slurm_plugin.devcluster import procs
 from slurm_plugin.errors import CommandError, DevClusterError
 from slurm_plugin.slurm.runner import run_command
+from slurm_plugin.telemetry.store import connect
 
 log = structlog.get_logger(__name__)
 
@@ -368,7 +369,7 @@ class DevCluster:
         raise DevClusterError(f"nodes not ready in time: {states or 'sinfo did not answer'}")
 
     def _redis_ok(self) -> bool:
-        client = redis.Redis.from_url(self.redis_url, socket_timeout=1, socket_connect_timeout=1)
+        client = connect(self.redis_url, timeout_s=1, retries=0)
         try:
             return bool(client.ping())
         except redis.RedisError:

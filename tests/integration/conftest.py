@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from slurm_plugin.config import load_settings
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.slurm.parsers import expand_hostlist, parse_scontrol_record
 from slurm_plugin.slurm.runner import CommandResult, run_command
+from slurm_plugin.telemetry.store import connect
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -121,3 +123,87 @@ def job_dir(tmp_path: Path) -> Path:
     """A directory the jobs (run as root on this machine) can write their output to."""
     tmp_path.chmod(0o777)
     return tmp_path
+
+
+@dataclass
+class RedisServer:
+    """A private redis-server for tests that stop and restart it (not the cluster's)."""
+
+    directory: Path
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, *extra: str) -> None:
+        run_command(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--daemonize",
+                "yes",
+                "--dir",
+                str(self.directory),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--pidfile",
+                str(self.directory / f"redis-{self.port}.pid"),
+                "--logfile",
+                str(self.directory / f"redis-{self.port}.log"),
+                *extra,
+            ],
+            timeout_s=10,
+        )
+        wait_for(self.ping, 10, f"redis-server on port {self.port}")
+
+    def ping(self) -> bool:
+        client = connect(self.url, timeout_s=0.5, retries=0)
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        from slurm_plugin.devcluster import procs  # noqa: PLC0415
+
+        pid = procs.read_pid(self.directory / f"redis-{self.port}.pid")
+        if pid is not None and procs.is_alive(pid):
+            # SIGKILL: a crash is what the tests simulate, and a cluster node's orderly
+            # shutdown takes seconds.
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not self.ping(), 10, f"redis-server on port {self.port} to stop")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1, below 55535, free together with port + 10000 (the Redis
+    Cluster bus port)."""
+    import random  # noqa: PLC0415
+    import socket  # noqa: PLC0415
+
+    for _ in range(200):
+        port = random.randrange(20000, 55000)  # noqa: S311 - not cryptographic
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair found")
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A started private redis-server, stopped after the test."""
+    server = RedisServer(tmp_path, free_port())
+    server.start()
+    yield server
+    server.stop()

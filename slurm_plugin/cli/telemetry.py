@@ -1,0 +1,91 @@
+"""``straggler export`` and ``straggler sidecar``: telemetry commands."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import click
+
+from slurm_plugin.cli.output import emit_json
+from slurm_plugin.config import Settings
+from slurm_plugin.telemetry.records import sort_records
+from slurm_plugin.telemetry.sidecar import Sidecar
+from slurm_plugin.telemetry.store import TelemetryStore, connect
+from slurm_plugin.trace import write_trace
+
+
+def _store(settings: Settings) -> TelemetryStore:
+    return TelemetryStore(
+        connect(
+            settings.redis_url, timeout_s=settings.redis_timeout_s, cluster=settings.redis_cluster
+        )
+    )
+
+
+@click.command("export")
+@click.argument("job_id")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Trace CSV to write (default: stdout).",
+)
+@click.pass_obj
+def export(settings: Settings, job_id: str, output: Path | None) -> None:
+    """Write JOB_ID's step records from Redis as a trace CSV (the backtest's input)."""
+    records = sort_records(_store(settings).iter_steps(job_id))
+    if output is None:
+        rows = write_trace(records, sys.stdout)
+    else:
+        tmp = output.with_name(output.name + ".tmp")
+        with tmp.open("w") as handle:
+            rows = write_trace(records, handle)
+        tmp.replace(output)
+    click.echo(f"exported {rows} records of job {job_id}", err=True)
+
+
+@click.command("sidecar")
+@click.option(
+    "--job",
+    "job_id",
+    default=lambda: os.environ.get("SLURM_JOB_ID"),
+    help="Job whose gpu stream gets the samples (default: $SLURM_JOB_ID; none: the node's hash).",
+)
+@click.option(
+    "--node",
+    default=lambda: os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],
+    help="Node name (default: this host).",
+)
+@click.option(
+    "--interval",
+    "interval_s",
+    type=click.FloatRange(min=0.05),
+    default=1.0,
+    show_default=True,
+    help="Seconds between samples.",
+)
+@click.option("--count", type=click.IntRange(min=1), help="Stop after this many samples.")
+@click.option("--once", is_flag=True, help="Print one sample as JSON without publishing.")
+@click.pass_obj
+def sidecar(
+    settings: Settings,
+    job_id: str | None,
+    node: str,
+    interval_s: float,
+    count: int | None,
+    once: bool,
+) -> None:
+    """Sample this node's GPUs (NVML) and CPU signals every INTERVAL and publish them."""
+    car = Sidecar(_store(settings), node, job_id=job_id or None)
+    try:
+        if once:
+            emit_json(car.sample())
+            return
+        car.run(interval_s, count)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        car.close()

@@ -1,0 +1,1 @@
+"""Node health: GPU (NVML) and CPU probes, fabric probe, pure checks, prolog/epilog."""

@@ -1,0 +1,99 @@
+"""The Redis key schema, in one place.
+
+Every key starts with ``stg:``. Keys of one job carry the hash tag ``{JOB}`` so that a job's keys
+live in one Redis Cluster slot (pipelines and multi-key commands stay on one shard). Names that
+come from outside (job ids, node names) are validated before they become part of a key.
+"""
+
+from __future__ import annotations
+
+import re
+
+from slurm_plugin.errors import TelemetryError
+
+PREFIX = "stg:"
+
+# Slurm job ids are numbers; array and het-job forms (123_4, 123+1) are accepted too.
+_JOB_ID = re.compile(r"^[0-9]{1,20}(?:[_+][0-9]{1,10})?$")
+# Hostnames, plus the characters Slurm node names use in practice.
+_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+#: How long a running job's keys live without a refresh (the reporter refreshes them).
+JOB_TTL_ACTIVE_S = 7 * 24 * 3600
+#: How long a finished job's keys are kept for export and audit (set by the epilog).
+JOB_TTL_FINISHED_S = 24 * 3600
+#: Approximate cap (entries) of a job's steps stream; an entry holds one rank's flush.
+STEPS_MAXLEN = 200_000
+#: Approximate cap of a job's GPU-sample and event streams.
+GPU_MAXLEN = 50_000
+EVENTS_MAXLEN = 10_000
+DECISIONS_MAXLEN = 100_000
+
+
+def check_job_id(job_id: str) -> str:
+    """Return ``job_id`` when it is a valid Slurm job id, else raise :class:`TelemetryError`."""
+    if not _JOB_ID.match(job_id):
+        raise TelemetryError(f"invalid job id {job_id[:40]!r}")
+    return job_id
+
+
+def check_node(node: str) -> str:
+    """Return ``node`` when it is a valid node name, else raise :class:`TelemetryError`."""
+    if not _NODE.match(node):
+        raise TelemetryError(f"invalid node name {node[:40]!r}")
+    return node
+
+
+def _job(job_id: str, suffix: str) -> str:
+    return f"{PREFIX}job:{{{check_job_id(job_id)}}}:{suffix}"
+
+
+def job_meta(job_id: str) -> str:
+    """Hash: the job's registration (nodes, world size, policy, user, attempt)."""
+    return _job(job_id, "meta")
+
+
+def job_steps(job_id: str) -> str:
+    """Stream: the ranks' step timings, one entry per rank flush."""
+    return _job(job_id, "steps")
+
+
+def job_gpu(job_id: str) -> str:
+    """Stream: sidecar samples per node and GPU."""
+    return _job(job_id, "gpu")
+
+
+def job_events(job_id: str) -> str:
+    """Stream: events reported by the job (checkpoint begin/end, telemetry drops...)."""
+    return _job(job_id, "events")
+
+
+def job_keys(job_id: str) -> list[str]:
+    """Every key of one job (for expiry and clean-up)."""
+    return [job_meta(job_id), job_steps(job_id), job_gpu(job_id), job_events(job_id)]
+
+
+def node(name: str) -> str:
+    """Hash: a node's history and last check result."""
+    return f"{PREFIX}node:{check_node(name)}"
+
+
+def policy(name: str) -> str:
+    """String: a validated policy as JSON."""
+    if not _NAME.match(name):
+        raise TelemetryError(f"invalid policy name {name[:40]!r}")
+    return f"{PREFIX}policy:{name}"
+
+
+def decision(decision_id: str) -> str:
+    """Hash: one decision's action state machine."""
+    if not _NAME.match(decision_id):
+        raise TelemetryError(f"invalid decision id {decision_id[:40]!r}")
+    return f"{PREFIX}decision:{decision_id}"
+
+
+DECISIONS = f"{PREFIX}decisions"
+PAUSE = f"{PREFIX}pause"
+LEADER = f"{PREFIX}leader"
+HEARTBEAT = f"{PREFIX}heartbeat"

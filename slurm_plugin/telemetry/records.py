@@ -1,0 +1,181 @@
+"""Telemetry records and their stream encoding (pure; no Redis here).
+
+A steps-stream entry holds one rank's flush: ``rank``, ``node``, ``gpu``, ``attempt``, ``n`` and
+``steps``, where ``steps`` packs ``n`` lines of ``step ts step_s compute_s comm_s data_s`` (``-``
+for a phase that was not measured). Packing a second of steps into one entry cuts Redis work by
+the steps-per-second factor compared with one entry per step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from slurm_plugin.errors import TelemetryError
+
+MAX_STEPS_PER_ENTRY = 10_000
+_MISSING = "-"
+
+# One raw step as the reporter buffers it: (step, ts, step_s, compute_s, comm_s, data_s).
+RawStep = tuple[int, float, float, float | None, float | None, float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One rank's timings for one training step (seconds; ts is unix time at step end)."""
+
+    job_id: str
+    rank: int
+    node: str
+    gpu: int
+    step: int
+    ts: float
+    step_s: float
+    compute_s: float | None = None
+    comm_s: float | None = None
+    data_s: float | None = None
+    attempt: int = 0
+
+
+def is_valid_duration(value: float | None) -> bool:
+    """A phase duration is acceptable when missing, or finite and non-negative."""
+    return value is None or (isinstance(value, int | float) and math.isfinite(value) and value >= 0)
+
+
+def is_valid_raw(raw: RawStep) -> bool:
+    """True when a buffered step can be published (finite, non-negative, step >= 0)."""
+    step, ts, step_s, compute_s, comm_s, data_s = raw
+    return (
+        isinstance(step, int)
+        and step >= 0
+        and isinstance(ts, float)
+        and math.isfinite(ts)
+        and step_s is not None
+        and is_valid_duration(step_s)
+        and is_valid_duration(compute_s)
+        and is_valid_duration(comm_s)
+        and is_valid_duration(data_s)
+    )
+
+
+def _fmt(value: float | None) -> str:
+    return _MISSING if value is None else f"{value:.9g}"
+
+
+def encode_steps(
+    rank: int, node: str, gpu: int, attempt: int, raws: Sequence[RawStep]
+) -> dict[str, str]:
+    """The stream fields for one rank's batch of (already validated) steps."""
+    lines = "\n".join(
+        f"{s} {ts:.6f} {_fmt(a)} {_fmt(b)} {_fmt(c)} {_fmt(d)}" for s, ts, a, b, c, d in raws
+    )
+    return {
+        "rank": str(rank),
+        "node": node,
+        "gpu": str(gpu),
+        "attempt": str(attempt),
+        "n": str(len(raws)),
+        "steps": lines,
+    }
+
+
+def _field(fields: Mapping[str, str], name: str) -> str:
+    try:
+        return fields[name]
+    except KeyError:
+        raise TelemetryError(f"steps entry lacks field {name!r}") from None
+
+
+def _int(text: str, name: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise TelemetryError(f"field {name!r} is not an integer: {text[:20]!r}") from None
+    if value < 0:
+        raise TelemetryError(f"field {name!r} is negative: {value}")
+    return value
+
+
+def _float(text: str, name: str, *, optional: bool) -> float | None:
+    if text == _MISSING and optional:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise TelemetryError(f"{name} is not a number: {text[:20]!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise TelemetryError(f"{name} must be finite and non-negative, not {text[:20]!r}")
+    return value
+
+
+def decode_steps(job_id: str, fields: Mapping[str, str]) -> list[StepRecord]:
+    """Decode one steps-stream entry; raise :class:`TelemetryError` naming the bad field."""
+    rank = _int(_field(fields, "rank"), "rank")
+    gpu = _int(_field(fields, "gpu"), "gpu")
+    attempt = _int(fields.get("attempt", "0"), "attempt")
+    node = _field(fields, "node")
+    count = _int(_field(fields, "n"), "n")
+    if count > MAX_STEPS_PER_ENTRY:
+        raise TelemetryError(f"entry claims {count} steps (max {MAX_STEPS_PER_ENTRY})")
+    lines = _field(fields, "steps").split("\n") if count else []
+    if len(lines) != count:
+        raise TelemetryError(f"entry says n={count} but holds {len(lines)} steps")
+    records = []
+    for line in lines:
+        parts = line.split(" ")
+        if len(parts) != 6:
+            raise TelemetryError(f"step line has {len(parts)} fields, not 6: {line[:60]!r}")
+        ts = _float(parts[1], "ts", optional=False)
+        step_s = _float(parts[2], "step_s", optional=False)
+        if ts is None or step_s is None:  # cannot happen with optional=False; for the types
+            raise TelemetryError("ts and step_s are required")
+        records.append(
+            StepRecord(
+                job_id=job_id,
+                rank=rank,
+                node=node,
+                gpu=gpu,
+                step=_int(parts[0], "step"),
+                ts=ts,
+                step_s=step_s,
+                compute_s=_float(parts[3], "compute_s", optional=True),
+                comm_s=_float(parts[4], "comm_s", optional=True),
+                data_s=_float(parts[5], "data_s", optional=True),
+                attempt=attempt,
+            )
+        )
+    return records
+
+
+def encode_json_entry(payload: Mapping[str, Any]) -> dict[str, str]:
+    """Stream fields for a low-rate JSON record (events, GPU samples)."""
+    return {"json": json.dumps(payload, separators=(",", ":"), allow_nan=False, default=str)}
+
+
+def decode_json_entry(fields: Mapping[str, str]) -> dict[str, Any]:
+    """Decode :func:`encode_json_entry`; raise :class:`TelemetryError` when malformed."""
+    try:
+        value = json.loads(_field(fields, "json"))
+    except json.JSONDecodeError as exc:
+        raise TelemetryError(f"entry is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise TelemetryError("entry JSON is not an object")
+    return value
+
+
+def to_text(fields: Mapping[bytes | str, bytes | str]) -> dict[str, str]:
+    """Stream fields as returned by redis-py (bytes) to text; undecodable bytes are replaced."""
+    return {
+        (k.decode("utf-8", "replace") if isinstance(k, bytes) else k): (
+            v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+        )
+        for k, v in fields.items()
+    }
+
+
+def sort_records(records: Iterable[StepRecord]) -> list[StepRecord]:
+    """Records in trace order: by timestamp, then rank, then step."""
+    return sorted(records, key=lambda r: (r.ts, r.rank, r.step))

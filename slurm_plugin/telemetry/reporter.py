@@ -1,0 +1,401 @@
+"""In-job step reporter: the training thread appends to a buffer; a thread flushes to Redis.
+
+The golden rule: telemetry never slows down or breaks training. ``record()`` only appends a
+tuple to a bounded deque (no validation, no I/O, no lock); a daemon thread validates, packs
+and publishes in batches, keeps failed batches for retry within the same bound, drops the
+oldest records beyond it (counting them), and backs off while Redis is away.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+import structlog
+
+from slurm_plugin.errors import StragglerError
+from slurm_plugin.telemetry import keys
+from slurm_plugin.telemetry.records import RawStep, encode_steps, is_valid_raw
+from slurm_plugin.telemetry.store import TelemetryStore, connect
+
+log = structlog.get_logger(__name__)
+
+PHASES = ("compute", "comm", "data")
+_STEPS_PER_ENTRY = 1000
+_TTL_REFRESH_S = 300.0
+_live: weakref.WeakSet[StepReporter] = weakref.WeakSet()
+_disabled_logged = False
+
+
+def _noop(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (a dataloader worker) must not share the parent's buffer or believe the
+    # parent's flusher thread runs for it: its reporters become inert.
+    for reporter in list(_live):
+        reporter._become_inert()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _normalise(raw: tuple[Any, ...]) -> RawStep | None:
+    """Coerce numeric-like values (numpy scalars, ints) and validate; None when unusable."""
+    try:
+        step = int(raw[0])
+        if step != raw[0]:
+            return None
+        values = (
+            float(raw[1]),
+            float(raw[2]),
+            *(None if v is None else float(v) for v in raw[3:6]),
+        )
+    except (TypeError, ValueError, OverflowError):
+        return None
+    candidate: RawStep = (step, *values)  # type: ignore[assignment]
+    return candidate if is_valid_raw(candidate) else None
+
+
+class _StepTimer:
+    __slots__ = ("_rep", "_step", "_t0")
+
+    def __init__(self, rep: StepReporter, step: int | None) -> None:
+        self._rep = rep
+        self._step = step
+        self._t0 = 0.0
+
+    def __enter__(self) -> _StepTimer:
+        self._rep._phase_s[:] = (None, None, None)
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        rep = self._rep
+        step = rep._next_step if self._step is None else self._step
+        rep._next_step = step + 1
+        c, m, d = rep._phase_s
+        rep.record(step, time.perf_counter() - self._t0, c, m, d)
+
+
+class _PhaseTimer:
+    __slots__ = ("_index", "_rep", "_t0")
+
+    def __init__(self, rep: StepReporter, index: int) -> None:
+        self._rep = rep
+        self._index = index
+        self._t0 = 0.0
+
+    def __enter__(self) -> _PhaseTimer:
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        acc = self._rep._phase_s
+        previous = acc[self._index]
+        elapsed = time.perf_counter() - self._t0
+        acc[self._index] = elapsed if previous is None else previous + elapsed
+
+
+class StepReporter:
+    """Publishes one rank's per-step timings to Redis without ever blocking the caller.
+
+    Build it with :meth:`from_env` inside a Slurm job. ``record()`` is safe to call from the
+    training loop; ``close()`` (or leaving the ``with`` block) flushes what is left.
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        rank: int,
+        node: str,
+        gpu: int = 0,
+        *,
+        store_factory: Callable[[], TelemetryStore] | None = None,
+        attempt: int = 0,
+        flush_interval_s: float = 1.0,
+        buffer_records: int = 100_000,
+        backoff_s: tuple[float, float] = (0.5, 15.0),
+        enabled: bool = True,
+    ) -> None:
+        self.job_id = keys.check_job_id(job_id) if enabled else job_id
+        self.node = keys.check_node(node) if enabled else node
+        self.rank = rank
+        self.gpu = gpu
+        self.attempt = attempt
+        self.enabled = enabled and store_factory is not None
+        self._store_factory = store_factory
+        self._store: TelemetryStore | None = None
+        self._cap = buffer_records
+        self._buf: deque[tuple[Any, ...]] = deque(maxlen=buffer_records)
+        self._events: deque[dict[str, Any]] = deque(maxlen=1000)
+        self._pending: list[RawStep] = []
+        self._interval = flush_interval_s
+        self._backoff = backoff_s
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_step = 0
+        self._phase_s: list[float | None] = [None, None, None]
+        self._phase_timers = {name: _PhaseTimer(self, i) for i, name in enumerate(PHASES)}
+        self._last_ttl_refresh = -math.inf
+        self._redis_down = False
+        # Counters (read them; the flusher thread and record() update them).
+        self.dropped = 0
+        self.invalid = 0
+        self.published = 0
+        self._dropped_reported = 0
+        if not self.enabled:
+            self.record = _noop  # type: ignore[method-assign]
+            self.event = _noop  # type: ignore[method-assign]
+            return
+        _live.add(self)
+        self._thread = threading.Thread(target=self._run, name="straggler-reporter", daemon=True)
+        self._thread.start()
+
+    # -- construction from the job's environment ----------------------------------------------
+    @classmethod
+    def disabled(cls, reason: str) -> StepReporter:
+        """A reporter that does nothing; logs ``reason`` once per process."""
+        global _disabled_logged  # noqa: PLW0603 - one log line per process, by design
+        if not _disabled_logged:
+            log.info("telemetry.disabled", reason=reason)
+            _disabled_logged = True
+        return cls("0", 0, "none", enabled=False)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> StepReporter:
+        """The reporter for this process, from Slurm's (or torchrun's) environment.
+
+        Outside a job, with telemetry disabled, or with a malformed environment or settings,
+        it returns a reporter that does nothing and logs why once. It never raises.
+        """
+        from slurm_plugin.config import load_settings  # noqa: PLC0415 - keep import light
+
+        env = os.environ if env is None else env
+        job_id = env.get("SLURM_JOB_ID", "")
+        if not job_id:
+            return cls.disabled("not inside a Slurm job (SLURM_JOB_ID is not set)")
+        try:
+            settings = load_settings()
+            if not settings.telemetry_enabled:
+                return cls.disabled("telemetry_enabled is false")
+            rank = _env_int(env, "SLURM_PROCID", "RANK", default=0)
+            gpu = _env_int(env, "SLURM_LOCALID", "LOCAL_RANK", default=0)
+            attempt = _env_int(env, "SLURM_RESTART_COUNT", default=0)
+            node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+            url, timeout = settings.redis_url, settings.redis_timeout_s
+            cluster = settings.redis_cluster
+            connect(url, timeout_s=timeout, cluster=cluster)  # validates the URL, sends nothing
+            return cls(
+                job_id,
+                rank,
+                node,
+                gpu,
+                attempt=attempt,
+                store_factory=lambda: TelemetryStore(
+                    connect(url, timeout_s=timeout, cluster=cluster, retries=0)
+                ),
+                flush_interval_s=settings.telemetry_flush_interval_s,
+                buffer_records=settings.telemetry_buffer_records,
+            )
+        except StragglerError as exc:
+            return cls.disabled(f"telemetry misconfigured: {exc}")
+
+    # -- the training thread's API (hot path) ---------------------------------------------
+    def record(
+        self,
+        step: int,
+        step_s: float,
+        compute_s: float | None = None,
+        comm_s: float | None = None,
+        data_s: float | None = None,
+    ) -> None:
+        """Buffer one step's timings. Never blocks, never raises; validated by the flusher."""
+        buf = self._buf
+        if len(buf) == self._cap:
+            self.dropped += 1
+        buf.append((step, time.time(), step_s, compute_s, comm_s, data_s))
+
+    def step(self, step: int | None = None) -> _StepTimer:
+        """``with rep.step():`` times one step and records it (steps count from 0)."""
+        return _StepTimer(self, step)
+
+    def phase(self, name: str) -> _PhaseTimer:
+        """``with rep.phase("compute"|"comm"|"data"):`` inside ``rep.step()``."""
+        try:
+            return self._phase_timers[name]
+        except KeyError:
+            raise ValueError(f"unknown phase {name!r}; use one of {PHASES}") from None
+
+    def event(self, name: str, **fields: Any) -> None:
+        """Report a job event (e.g. ``checkpoint_begin``/``checkpoint_end`` with ``step=``)."""
+        self._events.append(
+            {"name": str(name), "ts": time.time(), "rank": self.rank, "node": self.node, **fields}
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Ask the flusher to publish now and wait (at most ``timeout_s``) until the buffer is
+        empty; True when everything buffered so far was published."""
+        if not self.enabled or self._thread is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while (self._buf or self._pending or self._events) and time.monotonic() < deadline:
+            self._wake.set()
+            time.sleep(0.01)
+        return not (self._buf or self._pending or self._events)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Flush what is buffered (waiting at most ``timeout_s``) and stop the flusher."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout_s)
+        self._thread = None
+        _live.discard(self)
+
+    def __enter__(self) -> StepReporter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _become_inert(self) -> None:
+        self._buf = deque(maxlen=1)
+        self._pending = []
+        self._thread = None
+        self.enabled = False
+        self.record = _noop  # type: ignore[method-assign]
+        self.event = _noop  # type: ignore[method-assign]
+
+    # -- the flusher thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        delay = self._interval
+        while True:
+            self._wake.wait(delay)
+            self._wake.clear()
+            stopping = self._stop.is_set()
+            try:
+                ok = self._flush_once()
+            except Exception:
+                log.exception("telemetry.flush_crashed", job_id=self.job_id, rank=self.rank)
+                ok = False
+            if stopping:
+                return
+            if ok:
+                delay = self._interval
+            else:
+                delay = min(self._backoff[1], max(self._backoff[0], delay * 2))
+
+    def _drain(self) -> list[RawStep]:
+        batch = self._pending
+        self._pending = []
+        buf = self._buf
+        while buf:
+            raw = _normalise(buf.popleft())
+            if raw is None:
+                self.invalid += 1
+            else:
+                batch.append(raw)
+        overflow = len(batch) - self._cap
+        if overflow > 0:
+            del batch[:overflow]
+            self.dropped += overflow
+        return batch
+
+    def _flush_once(self) -> bool:
+        batch = self._drain()
+        events = list(self._events)
+        self._events.clear()
+        lost = self.dropped - self._dropped_reported
+        if not batch and not events and not lost:
+            return True
+        if self._store is None:
+            assert self._store_factory is not None  # noqa: S101 - enabled implies a factory
+            try:
+                self._store = self._store_factory()
+            except StragglerError as exc:
+                return self._failed(batch, events, exc)
+        now = time.monotonic()
+        refresh = now - self._last_ttl_refresh > _TTL_REFRESH_S
+        if lost:
+            events.append(
+                {
+                    "name": "telemetry_dropped",
+                    "ts": time.time(),
+                    "rank": self.rank,
+                    "node": self.node,
+                    "dropped": lost,
+                    "invalid": self.invalid,
+                }
+            )
+        entries = [
+            encode_steps(
+                self.rank, self.node, self.gpu, self.attempt, batch[i : i + _STEPS_PER_ENTRY]
+            )
+            for i in range(0, len(batch), _STEPS_PER_ENTRY)
+        ]
+        try:
+            self._store.publish(self.job_id, entries, events, refresh_ttl=refresh)
+        except StragglerError as exc:
+            return self._failed(batch, [e for e in events if e["name"] != "telemetry_dropped"], exc)
+        if refresh:
+            self._last_ttl_refresh = now
+        self.published += len(batch)
+        self._dropped_reported += lost
+        if self._redis_down:
+            self._redis_down = False
+            log.warning(
+                "telemetry.reconnected",
+                job_id=self.job_id,
+                rank=self.rank,
+                dropped=lost,
+                invalid=self.invalid,
+            )
+        return True
+
+    def _failed(self, batch: list[RawStep], events: list[dict[str, Any]], exc: Exception) -> bool:
+        self._pending = batch
+        for event in reversed(events):
+            self._events.appendleft(event)
+        if not self._redis_down:
+            self._redis_down = True
+            log.warning(
+                "telemetry.redis_unavailable",
+                job_id=self.job_id,
+                rank=self.rank,
+                error=str(exc),
+                buffered=len(batch),
+            )
+        return False
+
+
+def _env_int(env: Mapping[str, str], *names: str, default: int) -> int:
+    for name in names:
+        text = env.get(name)
+        if text is None or text == "":
+            continue
+        try:
+            value = int(text)
+        except ValueError:
+            raise StragglerError(f"{name}={text[:20]!r} is not an integer") from None
+        if value < 0:
+            raise StragglerError(f"{name}={value} is negative")
+        return value
+    return default

@@ -1,0 +1,101 @@
+"""The per-node sidecar: every interval, sample GPUs (NVML) and CPU signals and publish them.
+
+With a job id the samples go to the job's ``gpu`` stream (the detector corroborates a straggler
+with them); without one, the latest sample is kept in the node's hash. Redis trouble is logged
+and retried at the next tick; the sidecar itself never stops on it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+import structlog
+
+from slurm_plugin.errors import StragglerError
+from slurm_plugin.health.cpu import sample_cpu
+from slurm_plugin.health.gpu import NvmlProbe, NvmlUnavailableError
+from slurm_plugin.telemetry import keys
+from slurm_plugin.telemetry.store import TelemetryStore
+
+log = structlog.get_logger(__name__)
+
+
+class Sidecar:
+    """Samples one node and publishes to Redis."""
+
+    def __init__(
+        self,
+        store: TelemetryStore,
+        node: str,
+        *,
+        job_id: str | None = None,
+        nvml: Any | None = None,
+        proc_root: Path = Path("/"),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.node = keys.check_node(node)
+        self.job_id = keys.check_job_id(job_id) if job_id else None
+        self.proc_root = proc_root
+        self.clock = clock
+        self.probe: NvmlProbe | None
+        try:
+            self.probe = NvmlProbe(nvml)
+        except NvmlUnavailableError as exc:
+            self.probe = None
+            log.warning(
+                "sidecar.nvml_unavailable",
+                node=node,
+                reason=str(exc),
+                detail="publishing CPU signals only",
+            )
+
+    def sample(self) -> dict[str, Any]:
+        """One node sample: every GPU plus the CPU signals."""
+        return {
+            "node": self.node,
+            "ts": self.clock(),
+            "gpus": [g.to_dict() for g in self.probe.sample()] if self.probe else [],
+            "cpu": sample_cpu(self.proc_root).to_dict(),
+            "nvml": self.probe is not None,
+        }
+
+    def publish_once(self) -> dict[str, Any]:
+        """Sample and publish; returns the sample. Raises on Redis trouble."""
+        sample = self.sample()
+        if self.job_id is not None:
+            self.store.publish(self.job_id, gpu_samples=[sample])
+        else:
+            self.store.client.hset(
+                keys.node(self.node), "sidecar", json.dumps(sample, separators=(",", ":"))
+            )
+        return sample
+
+    def run(
+        self, interval_s: float = 1.0, count: int | None = None, stop: threading.Event | None = None
+    ) -> int:
+        """Publish every ``interval_s`` until ``stop`` is set or ``count`` samples; returns the
+        number published."""
+        stop = stop or threading.Event()
+        published = 0
+        while count is None or published < count:
+            started = time.monotonic()
+            try:
+                self.publish_once()
+                published += 1
+            except (StragglerError, redis.RedisError) as exc:
+                log.warning("sidecar.publish_failed", node=self.node, error=str(exc))
+            if stop.wait(max(0.0, interval_s - (time.monotonic() - started))):
+                break
+        return published
+
+    def close(self) -> None:
+        """Release NVML."""
+        if self.probe is not None:
+            self.probe.close()

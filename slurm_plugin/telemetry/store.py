@@ -1,0 +1,190 @@
+"""The Redis side of telemetry: publish batches, read a job's records back, expire a job.
+
+Works unchanged against one redis-server and against Redis Cluster: a job's keys share the
+hash tag ``{JOB}``, so every pipeline of one job stays on one shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+import structlog
+from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
+
+from slurm_plugin.errors import RedisUnavailableError, TelemetryError
+from slurm_plugin.telemetry import keys
+from slurm_plugin.telemetry.records import (
+    StepRecord,
+    decode_json_entry,
+    decode_steps,
+    encode_json_entry,
+    to_text,
+)
+
+log = structlog.get_logger(__name__)
+
+RedisClient = redis.Redis | RedisCluster
+
+
+def connect(
+    url: str, *, timeout_s: float = 2.0, cluster: bool = False, retries: int = 1
+) -> RedisClient:
+    """A client for ``url`` (``redis://`` or ``rediss://``); a cluster client when asked.
+
+    ``retries`` bounds redis-py's own retries of a failed command (its default, 10 with
+    backoff, can hold a caller for seconds); callers with their own backoff pass 0. Nothing is
+    sent until the first command; a malformed URL raises :class:`RedisUnavailableError` here.
+    """
+    options: dict[str, Any] = {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
+    }
+    try:
+        if cluster:
+            return RedisCluster.from_url(url, **options)
+        return redis.Redis.from_url(url, health_check_interval=30, **options)
+    except (ValueError, redis.RedisError) as exc:
+        raise RedisUnavailableError(f"bad Redis URL {_redact(url)!r}: {exc}") from exc
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+
+
+def _fields(fields: Mapping[str, str]) -> dict[Any, Any]:
+    """Stream fields in the loose type redis-py's stubs ask for."""
+    return dict(fields)
+
+
+@dataclass(frozen=True)
+class StepsPage:
+    """A chunk of a job's steps stream, decoded; malformed entries are counted, not raised."""
+
+    records: list[StepRecord]
+    last_id: str
+    malformed: int
+
+
+class TelemetryStore:
+    """Reads and writes a job's telemetry keys."""
+
+    def __init__(self, client: RedisClient, *, steps_maxlen: int = keys.STEPS_MAXLEN) -> None:
+        self.client = client
+        self.steps_maxlen = steps_maxlen
+
+    def ping(self) -> bool:
+        """True when Redis answers."""
+        try:
+            return bool(self.client.ping())
+        except redis.RedisError:
+            return False
+
+    # -- writing ---------------------------------------------------------------------------
+    def publish(
+        self,
+        job_id: str,
+        steps: Sequence[Mapping[str, str]] = (),
+        events: Sequence[Mapping[str, Any]] = (),
+        gpu_samples: Sequence[Mapping[str, Any]] = (),
+        *,
+        refresh_ttl: bool = False,
+    ) -> None:
+        """Append encoded step batches, events and GPU samples of one job in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for fields in steps:
+            pipe.xadd(
+                keys.job_steps(job_id), _fields(fields), maxlen=self.steps_maxlen, approximate=True
+            )
+        for event in events:
+            pipe.xadd(
+                keys.job_events(job_id),
+                _fields(encode_json_entry(event)),
+                maxlen=keys.EVENTS_MAXLEN,
+                approximate=True,
+            )
+        for sample in gpu_samples:
+            pipe.xadd(
+                keys.job_gpu(job_id),
+                _fields(encode_json_entry(sample)),
+                maxlen=keys.GPU_MAXLEN,
+                approximate=True,
+            )
+        if refresh_ttl:
+            for key in keys.job_keys(job_id):
+                pipe.expire(key, keys.JOB_TTL_ACTIVE_S)
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            raise RedisUnavailableError(f"publish for job {job_id} failed: {exc}") from exc
+
+    def register_job(self, job_id: str, meta: Mapping[str, str | int | float]) -> None:
+        """Write (merge) the job's registration hash."""
+        key = keys.job_meta(job_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(key, mapping={k: str(v) for k, v in meta.items()})
+        pipe.expire(key, keys.JOB_TTL_ACTIVE_S)
+        pipe.execute()
+
+    def job_meta(self, job_id: str) -> dict[str, str]:
+        """The job's registration hash (empty when unknown)."""
+        raw = cast("dict[bytes, bytes]", self.client.hgetall(keys.job_meta(job_id)))
+        return to_text(raw)  # type: ignore[arg-type]
+
+    def expire_job(self, job_id: str, ttl_s: int = keys.JOB_TTL_FINISHED_S) -> None:
+        """Give every key of a finished job a TTL so Redis never grows without bound."""
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys.job_keys(job_id):
+            pipe.expire(key, ttl_s)
+        pipe.execute()
+
+    # -- reading ---------------------------------------------------------------------------
+    def read_steps(self, job_id: str, after: str = "0-0", count: int = 5000) -> StepsPage:
+        """Entries after stream id ``after`` (exclusive), decoded."""
+        entries = cast(
+            "list[tuple[bytes, dict[bytes, bytes]]]",
+            self.client.xrange(keys.job_steps(job_id), min=f"({after}", count=count),
+        )
+        records: list[StepRecord] = []
+        malformed = 0
+        last = after
+        for entry_id, fields in entries:
+            last = entry_id.decode()
+            try:
+                records.extend(decode_steps(job_id, to_text(fields)))  # type: ignore[arg-type]
+            except TelemetryError as exc:
+                malformed += 1
+                log.warning("telemetry.malformed_entry", job_id=job_id, entry=last, error=str(exc))
+        return StepsPage(records, last, malformed)
+
+    def iter_steps(self, job_id: str, chunk: int = 5000) -> Iterator[StepRecord]:
+        """Every step record of the job, oldest entry first."""
+        after = "0-0"
+        while True:
+            page = self.read_steps(job_id, after, chunk)
+            yield from page.records
+            if page.last_id == after:
+                return
+            after = page.last_id
+
+    def read_json(self, key: str, count: int = 1000) -> list[dict[str, Any]]:
+        """The newest ``count`` JSON entries of an events or GPU stream, oldest first."""
+        entries = cast(
+            "list[tuple[bytes, dict[bytes, bytes]]]", self.client.xrevrange(key, count=count)
+        )
+        out = []
+        for _entry_id, fields in reversed(entries):
+            try:
+                out.append(decode_json_entry(to_text(fields)))  # type: ignore[arg-type]
+            except TelemetryError:
+                log.warning("telemetry.malformed_entry", key=key)
+        return out

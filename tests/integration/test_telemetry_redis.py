@@ -1,0 +1,168 @@
+"""StepReporter and the store against a real redis-server."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_plugin import StepReporter
+from slurm_plugin.cli.main import cli
+from slurm_plugin.telemetry import keys
+from slurm_plugin.telemetry.store import TelemetryStore, connect
+from tests.integration.conftest import RedisServer, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+_WRITER = """
+import sys
+from slurm_plugin import StepReporter
+rep = StepReporter.from_env()
+for step in range(int(sys.argv[1])):
+    rep.record(step, 0.1, 0.06 + 0.001 * int(sys.argv[2]), 0.03, 0.01)
+rep.close()
+sys.exit(0 if rep.published == int(sys.argv[1]) else 3)
+"""
+
+
+def test_round_trip_from_several_processes(redis_url: str) -> None:
+    """Records from 4 reporter processes arrive complete and in step order per rank."""
+    steps, ranks = 1500, 4
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(steps), str(rank)],
+            cwd=REPO,
+            env={
+                **os.environ,
+                "SLURM_JOB_ID": "77",
+                "SLURM_PROCID": str(rank),
+                "SLURMD_NODENAME": f"node{rank % 2 + 1}",
+                "SLURM_LOCALID": str(rank // 2),
+                "STRAGGLER_REDIS_URL": redis_url,
+            },
+        )
+        for rank in range(ranks)
+    ]
+    assert [p.wait(timeout=60) for p in procs] == [0] * ranks
+    store = TelemetryStore(connect(redis_url))
+    records = list(store.iter_steps("77"))
+    assert len(records) == steps * ranks
+    for rank in range(ranks):
+        mine = [r for r in records if r.rank == rank]
+        assert [r.step for r in mine] == list(range(steps))
+        assert {r.node for r in mine} == {f"node{rank % 2 + 1}"}
+        assert {r.gpu for r in mine} == {rank // 2}
+        assert mine[0].compute_s == pytest.approx(0.06 + 0.001 * rank)
+    assert store.client.ttl(keys.job_steps("77")) > 0
+
+
+def test_timing_helpers_and_events(redis_url: str) -> None:
+    """`with rep.step()` / `rep.phase()` measure the phases; events land in the events stream."""
+    store = TelemetryStore(connect(redis_url))
+    with StepReporter("78", 0, "node1", store_factory=lambda: store, flush_interval_s=0.1) as rep:
+        for _ in range(3):
+            with rep.step():
+                with rep.phase("data"):
+                    time.sleep(0.002)
+                with rep.phase("compute"):
+                    time.sleep(0.02)
+                with rep.phase("comm"):
+                    time.sleep(0.005)
+        rep.event("checkpoint_end", step=2)
+    records = list(store.iter_steps("78"))
+    assert [r.step for r in records] == [0, 1, 2]
+    for r in records:
+        assert r.compute_s is not None
+        assert r.comm_s is not None
+        assert r.data_s is not None
+        assert 0.02 <= r.compute_s < 0.2
+        assert 0.005 <= r.comm_s < r.compute_s
+        assert r.step_s >= r.compute_s + r.comm_s + r.data_s
+    events = store.read_json(keys.job_events("78"))
+    assert [(e["name"], e["step"]) for e in events] == [("checkpoint_end", 2)]
+
+
+def test_bad_values_are_counted_and_dropped(redis_url: str) -> None:
+    """NaN, infinities, negatives and non-numbers never raise and never reach Redis."""
+    store = TelemetryStore(connect(redis_url))
+    with StepReporter("79", 0, "node1", store_factory=lambda: store) as rep:
+        rep.record(0, 0.1, 0.05)
+        rep.record(1, float("nan"))
+        rep.record(2, 0.1, float("inf"))
+        rep.record(3, 0.1, -0.5)
+        rep.record(4, "fast")  # type: ignore[arg-type]
+        rep.record(-1, 0.1)
+        rep.record(5, 0.1, comm_s=0.02)
+    assert rep.invalid == 5
+    assert [r.step for r in store.iter_steps("79")] == [0, 5]
+
+
+def test_redis_outage_never_slows_training(private_redis: RedisServer) -> None:
+    """Redis stopped mid-run: step time stays near its baseline, drops are counted and
+    reported, and publishing resumes once Redis is back."""
+    store_url = private_redis.url
+    rep = StepReporter(
+        "80",
+        0,
+        "node1",
+        flush_interval_s=0.05,
+        buffer_records=2000,
+        backoff_s=(0.05, 0.2),
+        store_factory=lambda: TelemetryStore(connect(store_url, timeout_s=0.5, retries=0)),
+    )
+
+    def train(first: int, count: int) -> list[float]:
+        durations = []
+        for step in range(first, first + count):
+            started = time.perf_counter()
+            sum(i * i for i in range(3000))  # the "training" work
+            rep.record(step, 0.001, 0.001, 0.0)
+            durations.append(time.perf_counter() - started)
+        return durations
+
+    baseline = statistics.median(train(0, 1000))
+    wait_for(lambda: rep.published == 1000, 10, "the baseline to be published")
+    private_redis.stop()
+    outage = statistics.median(train(1000, 5000))
+    private_redis.start()
+    wait_for(lambda: rep.dropped > 0 and rep.published > 1000, 20, "publishing to resume")
+    train(6000, 100)
+    assert rep.flush(10)
+    rep.close()
+
+    assert outage < baseline * 1.5 + 0.0005, (baseline, outage)
+    assert rep.dropped == 3000  # 5000 records during the outage, 2000 kept
+    store = TelemetryStore(connect(store_url))
+    # The restarted server (no persistence) holds what was kept during the outage: the newest
+    # 2000 records, then the steps after it.
+    steps = [r.step for r in store.iter_steps("80")]
+    assert steps == list(range(4000, 6100))
+    dropped_events = [
+        e for e in store.read_json(keys.job_events("80")) if e["name"] == "telemetry_dropped"
+    ]
+    assert sum(e["dropped"] for e in dropped_events) == 3000
+
+
+def test_export_writes_the_trace_csv(redis_url: str, tmp_path: Path) -> None:
+    """`straggler export JOB -o FILE` writes the documented header and one row per record."""
+    store = TelemetryStore(connect(redis_url))
+    with StepReporter("81", 1, "node2", 3, store_factory=lambda: store) as rep:
+        rep.record(0, 0.25, 0.2, 0.04)
+        rep.record(1, 0.25, 0.21, 0.03, 0.01)
+    out = tmp_path / "trace.csv"
+    result = CliRunner().invoke(
+        cli, ["export", "81", "-o", str(out)], env={"STRAGGLER_REDIS_URL": redis_url}
+    )
+    assert result.exit_code == 0, result.output
+    lines = out.read_text().splitlines()
+    assert lines[0] == "job_id,rank,node,gpu,step,ts,step_s,compute_s,comm_s,data_s"
+    assert len(lines) == 3
+    assert lines[1].startswith("81,1,node2,3,0,")
+    assert lines[1].endswith(",0.25,0.2,0.04,")
+    assert lines[2].endswith(",0.25,0.21,0.03,0.01")
