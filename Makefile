@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# The torch extra (DDP tests, examples). Pinned so pip takes the CPU wheel where one is on disk.
+TORCH_SPEC ?= torch==2.13.0
 APT_PACKAGES := slurmctld slurmd slurm-client munge libslurm-dev redis-server gcc make \
                 hostname util-linux python3-venv python3-pip
 SYSTEM_PROGRAMS := munged slurmctld slurmd scontrol sinfo squeue sbatch scancel redis-server \
@@ -27,10 +29,11 @@ system-packages:
 	fi
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python >= 3.11 is required (set PYTHON=...)")'
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=25.1"
-	$(BIN)/python -m pip install -q -e . --group dev
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[torch]" --group dev
 	touch $@
 
 # Bring the local cluster up, run every test tier that this machine can run, and always bring

@@ -14,7 +14,7 @@ from slurm_plugin.errors import TelemetryError
 PREFIX = "stg:"
 
 # Slurm job ids are numbers; array and het-job forms (123_4, 123+1) are accepted too.
-_JOB_ID = re.compile(r"^[0-9]{1,20}(?:[_+][0-9]{1,10})?$")
+_JOB_ID = re.compile(r"^[0-9]{1,20}(?:[_+][0-9]{1,10})?")
 # Hostnames, plus the characters Slurm node names use in practice.
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -23,24 +23,36 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 JOB_TTL_ACTIVE_S = 7 * 24 * 3600
 #: How long a finished job's keys are kept for export and audit (set by the epilog).
 JOB_TTL_FINISHED_S = 24 * 3600
-#: Approximate cap (entries) of a job's steps stream; an entry holds one rank's flush.
-STEPS_MAXLEN = 200_000
+#: Approximate cap (entries) of a job's steps stream when the world size is unknown; an entry
+#: holds one rank's flush (about 10 records at 10 steps/s and one flush per second).
+STEPS_MAXLEN = 100_000
+#: Seconds of flushes the steps stream keeps per rank (the service reads it every cycle).
+STEPS_KEEP_S = 60
+_STEPS_MAXLEN_BOUNDS = (10_000, 2_000_000)
 #: Approximate cap of a job's GPU-sample and event streams.
 GPU_MAXLEN = 50_000
 EVENTS_MAXLEN = 10_000
 DECISIONS_MAXLEN = 100_000
 
 
+def steps_maxlen(world_size: int, flush_interval_s: float = 1.0) -> int:
+    """The steps-stream cap for a job: ``STEPS_KEEP_S`` seconds of flushes from every rank,
+    within fixed bounds, so Redis memory stays bounded whatever the job size."""
+    wanted = int(max(1, world_size) * STEPS_KEEP_S / max(flush_interval_s, 0.01))
+    low, high = _STEPS_MAXLEN_BOUNDS
+    return min(high, max(low, wanted))
+
+
 def check_job_id(job_id: str) -> str:
     """Return ``job_id`` when it is a valid Slurm job id, else raise :class:`TelemetryError`."""
-    if not _JOB_ID.match(job_id):
+    if not _JOB_ID.fullmatch(job_id):
         raise TelemetryError(f"invalid job id {job_id[:40]!r}")
     return job_id
 
 
 def check_node(node: str) -> str:
     """Return ``node`` when it is a valid node name, else raise :class:`TelemetryError`."""
-    if not _NODE.match(node):
+    if not _NODE.fullmatch(node):
         raise TelemetryError(f"invalid node name {node[:40]!r}")
     return node
 
@@ -81,14 +93,14 @@ def node(name: str) -> str:
 
 def policy(name: str) -> str:
     """String: a validated policy as JSON."""
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise TelemetryError(f"invalid policy name {name[:40]!r}")
     return f"{PREFIX}policy:{name}"
 
 
 def decision(decision_id: str) -> str:
     """Hash: one decision's action state machine."""
-    if not _NAME.match(decision_id):
+    if not _NAME.fullmatch(decision_id):
         raise TelemetryError(f"invalid decision id {decision_id[:40]!r}")
     return f"{PREFIX}decision:{decision_id}"
 

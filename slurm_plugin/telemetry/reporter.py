@@ -29,7 +29,7 @@ from slurm_plugin.telemetry.store import TelemetryStore, connect
 log = structlog.get_logger(__name__)
 
 PHASES = ("compute", "comm", "data")
-_STEPS_PER_ENTRY = 1000
+_STEPS_PER_ENTRY = 100
 _TTL_REFRESH_S = 300.0
 _live: weakref.WeakSet[StepReporter] = weakref.WeakSet()
 _disabled_logged = False
@@ -122,6 +122,7 @@ class StepReporter:
         *,
         store_factory: Callable[[], TelemetryStore] | None = None,
         attempt: int = 0,
+        world_size: int = 0,
         flush_interval_s: float = 1.0,
         buffer_records: int = 100_000,
         backoff_s: tuple[float, float] = (0.5, 15.0),
@@ -140,6 +141,7 @@ class StepReporter:
         self._events: deque[dict[str, Any]] = deque(maxlen=1000)
         self._pending: list[RawStep] = []
         self._interval = flush_interval_s
+        self._steps_maxlen = keys.steps_maxlen(world_size, flush_interval_s) if world_size else None
         self._backoff = backoff_s
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -192,6 +194,7 @@ class StepReporter:
             rank = _env_int(env, "SLURM_PROCID", "RANK", default=0)
             gpu = _env_int(env, "SLURM_LOCALID", "LOCAL_RANK", default=0)
             attempt = _env_int(env, "SLURM_RESTART_COUNT", default=0)
+            world = _env_int(env, "SLURM_NTASKS", "WORLD_SIZE", default=0)
             node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
             url, timeout = settings.redis_url, settings.redis_timeout_s
             cluster = settings.redis_cluster
@@ -202,6 +205,7 @@ class StepReporter:
                 node,
                 gpu,
                 attempt=attempt,
+                world_size=world,
                 store_factory=lambda: TelemetryStore(
                     connect(url, timeout_s=timeout, cluster=cluster, retries=0)
                 ),
@@ -352,7 +356,9 @@ class StepReporter:
             for i in range(0, len(batch), _STEPS_PER_ENTRY)
         ]
         try:
-            self._store.publish(self.job_id, entries, events, refresh_ttl=refresh)
+            self._store.publish(
+                self.job_id, entries, events, refresh_ttl=refresh, steps_maxlen=self._steps_maxlen
+            )
         except StragglerError as exc:
             return self._failed(batch, [e for e in events if e["name"] != "telemetry_dropped"], exc)
         if refresh:

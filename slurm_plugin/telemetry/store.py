@@ -98,13 +98,13 @@ class TelemetryStore:
         gpu_samples: Sequence[Mapping[str, Any]] = (),
         *,
         refresh_ttl: bool = False,
+        steps_maxlen: int | None = None,
     ) -> None:
         """Append encoded step batches, events and GPU samples of one job in one round trip."""
+        maxlen = steps_maxlen or self.steps_maxlen
         pipe = self.client.pipeline(transaction=False)
         for fields in steps:
-            pipe.xadd(
-                keys.job_steps(job_id), _fields(fields), maxlen=self.steps_maxlen, approximate=True
-            )
+            pipe.xadd(keys.job_steps(job_id), _fields(fields), maxlen=maxlen, approximate=True)
         for event in events:
             pipe.xadd(
                 keys.job_events(job_id),

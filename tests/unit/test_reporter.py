@@ -1,0 +1,131 @@
+"""StepReporter paths that need no Redis: disabled reporters, bad input, fork safety."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import pytest
+from structlog.testing import capture_logs
+
+from slurm_plugin import StepReporter
+from slurm_plugin.errors import RedisUnavailableError
+from slurm_plugin.telemetry import reporter as reporter_module
+from slurm_plugin.telemetry.store import TelemetryStore
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reporter_module, "_disabled_logged", False)
+    for name in list(os.environ):
+        if name.startswith(("STRAGGLER_", "SLURM")):
+            monkeypatch.delenv(name)
+
+
+def _unreachable() -> TelemetryStore:
+    raise RedisUnavailableError("no server in unit tests")
+
+
+@pytest.mark.parametrize(
+    ("env", "reason"),
+    [
+        ({}, "not inside a Slurm job"),
+        ({"SLURM_JOB_ID": "5", "SLURM_PROCID": "two"}, "SLURM_PROCID='two' is not an integer"),
+        ({"SLURM_JOB_ID": "5", "SLURM_LOCALID": "-1"}, "SLURM_LOCALID=-1 is negative"),
+        ({"SLURM_JOB_ID": "5;FLUSHALL"}, "invalid job id"),
+        ({"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "bad node"}, "invalid node name"),
+        ({"SLURM_JOB_ID": "5", "STRAGGLER_REDIS_URL": "http://x"}, "bad Redis URL"),
+        ({"SLURM_JOB_ID": "5", "STRAGGLER_TELEMETRY_ENABLED": "false"}, "telemetry_enabled"),
+        ({"SLURM_JOB_ID": "5", "STRAGGLER_REDIS_TIMEOUT_S": "-3"}, "redis_timeout_s"),
+    ],
+)
+def test_bad_environment_gives_a_silent_reporter_and_one_log_line(
+    env: dict[str, str], reason: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """from_env never raises: it returns a no-op reporter and logs why, once."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with capture_logs() as logs:
+        rep = StepReporter.from_env()
+        rep.record(0, float("nan"))
+        rep.event("checkpoint_end")
+        with rep.step(), rep.phase("compute"):
+            pass
+        rep.close()
+        StepReporter.from_env()  # a second one does not log again
+    assert not rep.enabled
+    disabled = [entry for entry in logs if entry["event"] == "telemetry.disabled"]
+    assert len(disabled) == 1
+    assert reason in disabled[0]["reason"]
+
+
+def test_valid_environment_enables_the_reporter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm's variables become the reporter's identity."""
+    for key, value in {
+        "SLURM_JOB_ID": "91",
+        "SLURM_PROCID": "7",
+        "SLURM_LOCALID": "3",
+        "SLURMD_NODENAME": "gpu-a17",
+        "SLURM_RESTART_COUNT": "2",
+        "STRAGGLER_REDIS_URL": "redis://127.0.0.1:1/0",
+    }.items():
+        monkeypatch.setenv(key, value)
+    rep = StepReporter.from_env()
+    try:
+        assert (rep.enabled, rep.job_id, rep.rank, rep.gpu, rep.node, rep.attempt) == (
+            True,
+            "91",
+            7,
+            3,
+            "gpu-a17",
+            2,
+        )
+    finally:
+        rep.close(timeout_s=1)
+
+
+def test_unknown_phase_is_a_programming_error() -> None:
+    """A typo in a phase name fails at once, in the caller's code (not in the hot path)."""
+    rep = StepReporter("1", 0, "n1", store_factory=_unreachable)
+    try:
+        with pytest.raises(ValueError, match="unknown phase 'compte'"):
+            rep.phase("compte")
+    finally:
+        rep.close(timeout_s=1)
+
+
+def test_buffer_is_bounded_and_drops_are_counted() -> None:
+    """With Redis away the buffer keeps the newest records only and counts the rest."""
+    rep = StepReporter(
+        "1", 0, "n1", store_factory=_unreachable, buffer_records=100, flush_interval_s=60
+    )
+    try:
+        for step in range(250):
+            rep.record(step, 0.1)
+        assert rep.dropped == 150
+        assert not rep.flush(timeout_s=0.3)
+    finally:
+        rep.close(timeout_s=1)
+
+
+def _child(rep: StepReporter, queue: multiprocessing.Queue[tuple[bool, bool, int]]) -> None:
+    rep.record(1, 0.1)
+    queue.put((rep.enabled, rep._thread is None, len(rep._buf)))
+
+
+def test_forked_child_gets_an_inert_reporter() -> None:
+    """A forked dataloader worker neither shares the buffer nor thinks it has a flusher."""
+    rep = StepReporter("1", 0, "n1", store_factory=_unreachable, flush_interval_s=60)
+    try:
+        rep.record(0, 0.1)
+        ctx = multiprocessing.get_context("fork")
+        queue: multiprocessing.Queue[tuple[bool, bool, int]] = ctx.Queue()
+        proc = ctx.Process(target=_child, args=(rep, queue))
+        proc.start()
+        result = queue.get(timeout=10)
+        proc.join(10)
+        assert result == (False, True, 0)
+        assert rep.enabled
+        assert len(rep._buf) == 1
+    finally:
+        rep.close(timeout_s=1)

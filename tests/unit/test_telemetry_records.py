@@ -1,0 +1,117 @@
+"""Key schema and the packed stream encoding of step records."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slurm_plugin.errors import TelemetryError
+from slurm_plugin.telemetry import keys
+from slurm_plugin.telemetry.records import (
+    decode_json_entry,
+    decode_steps,
+    encode_json_entry,
+    encode_steps,
+    is_valid_raw,
+)
+
+
+def test_job_keys_share_one_hash_tag() -> None:
+    """All keys of a job carry {JOB}, so Redis Cluster puts them in one slot."""
+    assert keys.job_keys("123") == [
+        "stg:job:{123}:meta",
+        "stg:job:{123}:steps",
+        "stg:job:{123}:gpu",
+        "stg:job:{123}:events",
+    ]
+    assert keys.node("gpu-a17.rack3") == "stg:node:gpu-a17.rack3"
+    assert keys.job_steps("123_4") == "stg:job:{123_4}:steps"
+
+
+@pytest.mark.parametrize(
+    "hostile", ["", "12}x", "1 2", "12\n", "{12}", "../1", "1" * 40, "12;DEL", "*"]
+)
+def test_hostile_job_ids_are_rejected(hostile: str) -> None:
+    """A job id that could escape its hash tag or key is refused."""
+    with pytest.raises(TelemetryError, match="invalid job id"):
+        keys.job_meta(hostile)
+
+
+@pytest.mark.parametrize("hostile", ["", "node 1", "node\n1", "-x", "a:b", "n{1}", "n*"])
+def test_hostile_node_names_are_rejected(hostile: str) -> None:
+    """A node name with separators, glob or tag characters is refused."""
+    with pytest.raises(TelemetryError, match="invalid node name"):
+        keys.node(hostile)
+
+
+def test_round_trip() -> None:
+    """Encoded steps decode to the same values; missing phases stay missing."""
+    raws = [(0, 1700000000.123456, 0.25, 0.2, 0.04, None), (1, 1700000000.5, 0.3, None, None, 0.01)]
+    fields = encode_steps(5, "node2", 3, 1, raws)
+    records = decode_steps("42", fields)
+    assert [(r.step, r.rank, r.node, r.gpu, r.attempt) for r in records] == [
+        (0, 5, "node2", 3, 1),
+        (1, 5, "node2", 3, 1),
+    ]
+    assert records[0].ts == pytest.approx(1700000000.123456)
+    assert (records[0].compute_s, records[0].comm_s, records[0].data_s) == (0.2, 0.04, None)
+    assert (records[1].compute_s, records[1].data_s) == (None, 0.01)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"node": "n", "gpu": "0", "n": "0", "steps": ""}, "lacks field 'rank'"),
+        ({"rank": "x", "node": "n", "gpu": "0", "n": "0", "steps": ""}, "'rank' is not an integer"),
+        ({"rank": "-1", "node": "n", "gpu": "0", "n": "0", "steps": ""}, "'rank' is negative"),
+        ({"rank": "1", "node": "n", "gpu": "0", "n": "2", "steps": "0 1 1 - - -"}, "n=2"),
+        ({"rank": "1", "node": "n", "gpu": "0", "n": "1", "steps": "0 1 nan - - -"}, "step_s"),
+        ({"rank": "1", "node": "n", "gpu": "0", "n": "1", "steps": "0 1 1 -2 - -"}, "compute_s"),
+        ({"rank": "1", "node": "n", "gpu": "0", "n": "1", "steps": "0 1 1"}, "3 fields"),
+        ({"rank": "1", "node": "n", "gpu": "0", "n": "99999999", "steps": ""}, "max"),
+    ],
+)
+def test_malformed_entries_name_the_problem(fields: dict[str, str], message: str) -> None:
+    """Malformed telemetry raises TelemetryError that says what is wrong."""
+    with pytest.raises(TelemetryError, match=message):
+        decode_steps("1", fields)
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["rank", "node", "gpu", "n", "steps", "attempt", "x"]), st.text(max_size=80)
+    )
+)
+def test_decoding_arbitrary_fields_raises_only_telemetry_error(fields: dict[str, str]) -> None:
+    """Whatever arrives in the stream, decoding either succeeds or raises TelemetryError."""
+    try:
+        records = decode_steps("1", fields)
+    except TelemetryError:
+        return
+    for r in records:
+        assert math.isfinite(r.step_s)
+        assert r.step_s >= 0
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_validity_of_durations(value: float) -> None:
+    """A raw step is publishable only with finite, non-negative durations."""
+    raw = (1, 1.0, value, None, None, None)
+    assert is_valid_raw(raw) == (math.isfinite(value) and value >= 0)
+
+
+def test_json_entries() -> None:
+    """Events round-trip as JSON; non-objects and garbage are rejected."""
+    assert decode_json_entry(encode_json_entry({"name": "x", "step": 3})) == {
+        "name": "x",
+        "step": 3,
+    }
+    with pytest.raises(TelemetryError):
+        decode_json_entry({"json": "[1]"})
+    with pytest.raises(TelemetryError):
+        decode_json_entry({"json": "{"})
+    with pytest.raises(ValueError, match="Out of range float"):
+        encode_json_entry({"v": float("nan")})
