@@ -311,12 +311,22 @@ class StepReporter:
         batch = self._pending
         self._pending = []
         buf = self._buf
+        invalid_before = self.invalid
         while buf:
             raw = _normalise(buf.popleft())
             if raw is None:
                 self.invalid += 1
             else:
                 batch.append(raw)
+        if self.invalid > invalid_before:
+            log.warning(
+                "telemetry.invalid_values",
+                job_id=self.job_id,
+                rank=self.rank,
+                dropped_now=self.invalid - invalid_before,
+                dropped_total=self.invalid,
+                detail="step must be an integer >= 0; durations finite and >= 0",
+            )
         overflow = len(batch) - self._cap
         if overflow > 0:
             del batch[:overflow]

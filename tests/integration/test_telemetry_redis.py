@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from structlog.testing import capture_logs
 
 from slurm_plugin import StepReporter
 from slurm_plugin.cli.main import cli
@@ -91,7 +92,7 @@ def test_timing_helpers_and_events(redis_url: str) -> None:
 def test_bad_values_are_counted_and_dropped(redis_url: str) -> None:
     """NaN, infinities, negatives and non-numbers never raise and never reach Redis."""
     store = TelemetryStore(connect(redis_url))
-    with StepReporter("79", 0, "node1", store_factory=lambda: store) as rep:
+    with capture_logs() as logs, StepReporter("79", 0, "node1", store_factory=lambda: store) as rep:
         rep.record(0, 0.1, 0.05)
         rep.record(1, float("nan"))
         rep.record(2, 0.1, float("inf"))
@@ -100,6 +101,8 @@ def test_bad_values_are_counted_and_dropped(redis_url: str) -> None:
         rep.record(-1, 0.1)
         rep.record(5, 0.1, comm_s=0.02)
     assert rep.invalid == 5
+    warnings = [e for e in logs if e["event"] == "telemetry.invalid_values"]
+    assert sum(e["dropped_now"] for e in warnings) == 5
     assert [r.step for r in store.iter_steps("79")] == [0, 5]
 
 
