@@ -55,3 +55,7 @@ class DevClusterError(StragglerError):
 
 class TelemetryError(StragglerError):
     """Telemetry that cannot be accepted: a bad key name or a malformed record."""
+
+
+class TraceError(StragglerError):
+    """A trace file that cannot be read; names the row and column."""

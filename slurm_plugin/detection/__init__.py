@@ -1,0 +1,15 @@
+"""Pure statistics: find the straggling rank, a hung job or a job-wide sync stall."""
+
+from slurm_plugin.detection.detector import Detector, RecordBatch
+from slurm_plugin.detection.events import Event, HangEvent, StragglerEvent, SyncStallEvent
+from slurm_plugin.detection.params import DetectionParams
+
+__all__ = [
+    "DetectionParams",
+    "Detector",
+    "Event",
+    "HangEvent",
+    "RecordBatch",
+    "StragglerEvent",
+    "SyncStallEvent",
+]

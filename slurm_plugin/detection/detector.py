@@ -1,0 +1,299 @@
+"""The online detector: batches of step records from many jobs in, events out (pure).
+
+Records may arrive late, out of order, duplicated, from restarted attempts, or not at all for
+some ranks. A step of a job is processed once every known rank reported it, or once the job has
+moved ``lag_steps`` beyond it; records for steps already processed are counted as late and
+dropped. A record with a higher attempt number (Slurm restart count) starts a new detector for
+the job: a restarted job runs on other nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from slurm_plugin.detection.events import Event, HangEvent
+from slurm_plugin.detection.job import Block, JobDetector
+from slurm_plugin.detection.params import DetectionParams
+from slurm_plugin.telemetry.records import StepRecord
+
+_COLUMNS = ("rank", "step", "attempt", "gpu", "ts", "step_s", "compute_s", "comm_s", "data_s")
+
+
+@dataclass
+class RecordBatch:
+    """Step records of one job as columns (NaN for a phase that was not measured)."""
+
+    rank: np.ndarray
+    step: np.ndarray
+    attempt: np.ndarray
+    gpu: np.ndarray
+    ts: np.ndarray
+    step_s: np.ndarray
+    compute_s: np.ndarray
+    comm_s: np.ndarray
+    data_s: np.ndarray
+    node: Sequence[str] | np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    def take(self, index: np.ndarray) -> RecordBatch:
+        """The records at ``index`` (boolean mask or positions)."""
+        nodes = np.asarray(self.node, dtype=object)[index]
+        return _batch({c: getattr(self, c)[index] for c in _COLUMNS}, nodes)
+
+    @staticmethod
+    def concat(batches: Sequence[RecordBatch]) -> RecordBatch:
+        """One batch of all records."""
+        nodes = np.concatenate([np.asarray(b.node, dtype=object) for b in batches])
+        return _batch(
+            {c: np.concatenate([getattr(b, c) for b in batches]) for c in _COLUMNS}, nodes
+        )
+
+    @staticmethod
+    def from_records(records: Iterable[StepRecord]) -> RecordBatch:
+        """Columns from record objects (all of one job)."""
+        rows = list(records)
+        nan = float("nan")
+
+        def col(name: str, dtype: type) -> np.ndarray:
+            values = [getattr(r, name) for r in rows]
+            if dtype is float:
+                values = [nan if v is None else v for v in values]
+            return np.asarray(values, dtype=np.int64 if dtype is int else np.float64)
+
+        return RecordBatch(
+            col("rank", int),
+            col("step", int),
+            col("attempt", int),
+            col("gpu", int),
+            col("ts", float),
+            col("step_s", float),
+            col("compute_s", float),
+            col("comm_s", float),
+            col("data_s", float),
+            node=[r.node for r in rows],
+        )
+
+
+def _batch(columns: dict[str, np.ndarray], nodes: np.ndarray) -> RecordBatch:
+    return RecordBatch(
+        rank=columns["rank"],
+        step=columns["step"],
+        attempt=columns["attempt"],
+        gpu=columns["gpu"],
+        ts=columns["ts"],
+        step_s=columns["step_s"],
+        compute_s=columns["compute_s"],
+        comm_s=columns["comm_s"],
+        data_s=columns["data_s"],
+        node=nodes,
+    )
+
+
+@dataclass
+class _JobState:
+    job_id: str
+    pending: list[RecordBatch] = field(default_factory=list)
+    detector: JobDetector | None = None
+    attempt: int = -1
+    last_step: int = -1
+    last_ts: float = float("-inf")
+    hang_reported_at: float | None = None
+    rank_last_step: dict[int, tuple[int, float]] = field(default_factory=dict)
+    rank_node: dict[int, str] = field(default_factory=dict)
+    rank_gpu: dict[int, int] = field(default_factory=dict)
+
+
+class Detector:
+    """Straggler, hang and sync-stall detection over many jobs."""
+
+    def __init__(self, params: DetectionParams | None = None) -> None:
+        self.params = params or DetectionParams()
+        self._jobs: dict[str, _JobState] = {}
+        self.late_records = 0
+        self.bad_records = 0
+
+    # -- input ---------------------------------------------------------------------------------
+    def add(self, job_id: str, batch: RecordBatch) -> None:
+        """Queue records of one job; nothing is computed until :meth:`advance`."""
+        if not len(batch):
+            return
+        ok = (
+            (batch.rank >= 0)
+            & (batch.step >= 0)
+            & np.isfinite(batch.ts)
+            & np.isfinite(batch.step_s)
+            & (batch.step_s >= 0)
+        )
+        for col in (batch.compute_s, batch.comm_s, batch.data_s):
+            ok &= np.isnan(col) | ((col >= 0) & np.isfinite(col))
+        if not ok.all():
+            self.bad_records += int((~ok).sum())
+            batch = batch.take(ok)
+        state = self._jobs.setdefault(job_id, _JobState(job_id))
+        state.pending.append(batch)
+        if len(batch):
+            state.last_ts = max(state.last_ts, float(batch.ts.max()))
+            state.hang_reported_at = None
+
+    def add_records(self, records: Iterable[StepRecord]) -> None:
+        """Queue record objects (any mix of jobs)."""
+        by_job: dict[str, list[StepRecord]] = {}
+        for r in records:
+            by_job.setdefault(r.job_id, []).append(r)
+        for job_id, rows in by_job.items():
+            self.add(job_id, RecordBatch.from_records(rows))
+
+    def forget(self, job_id: str) -> None:
+        """Drop a finished job's state."""
+        self._jobs.pop(job_id, None)
+
+    @property
+    def jobs(self) -> list[str]:
+        """Jobs with state."""
+        return list(self._jobs)
+
+    # -- processing ----------------------------------------------------------------------------
+    def advance(self, *, final: bool = False) -> list[Event]:
+        """Process every complete step of every job; ``final`` processes what is left too."""
+        events: list[Event] = []
+        for state in self._jobs.values():
+            events += self._advance_job(state, final)
+        return events
+
+    def _advance_job(self, state: _JobState, final: bool) -> list[Event]:
+        if not state.pending:
+            return []
+        batch = RecordBatch.concat(state.pending) if len(state.pending) > 1 else state.pending[0]
+        state.pending = []
+        newest = int(batch.attempt.max())
+        if newest > state.attempt:
+            state.attempt = newest
+            state.detector = None
+            state.last_step = -1
+            state.rank_last_step.clear()
+        current = batch.attempt == state.attempt
+        late = batch.step <= state.last_step
+        self.late_records += int((late | ~current).sum())
+        batch = batch.take(current & ~late)
+        if not len(batch):
+            return []
+        self._learn_ranks(state, batch)
+        world = len(state.rank_node)
+        steps, counts = np.unique(batch.step, return_counts=True)
+        complete = counts >= world
+        if final:
+            complete[:] = True
+        else:
+            complete |= steps <= steps.max() - self.params.lag_steps
+        if not complete.any():
+            state.pending = [batch]
+            return []
+        # Steps are processed in order: stop at the first incomplete one.
+        cut = len(complete) if complete.all() else int(np.argmin(complete))
+        ready_steps = steps[:cut]
+        if not len(ready_steps):
+            state.pending = [batch]
+            return []
+        in_ready = batch.step <= ready_steps[-1]
+        rest = batch.take(~in_ready)
+        if len(rest):
+            state.pending = [rest]
+        ready = batch.take(in_ready)
+        state.last_step = int(ready_steps[-1])
+        detector = self._detector(state)
+        return detector.process(self._block(ready, ready_steps, detector.world))
+
+    def _learn_ranks(self, state: _JobState, batch: RecordBatch) -> None:
+        ranks, first = np.unique(batch.rank, return_index=True)
+        for rank, index in zip(ranks.tolist(), first.tolist(), strict=True):
+            if rank not in state.rank_node:
+                state.rank_node[rank] = batch.node[index]
+                state.rank_gpu[rank] = int(batch.gpu[index])
+        order = np.lexsort((batch.ts, batch.rank))
+        last = np.r_[batch.rank[order][1:] != batch.rank[order][:-1], True]
+        for rank, step, ts in zip(
+            batch.rank[order][last].tolist(),
+            batch.step[order][last].tolist(),
+            batch.ts[order][last].tolist(),
+            strict=True,
+        ):
+            prev = state.rank_last_step.get(rank)
+            if prev is None or step >= prev[0]:
+                state.rank_last_step[rank] = (step, ts)
+
+    def _detector(self, state: _JobState) -> JobDetector:
+        world = max(state.rank_node) + 1
+        det = state.detector
+        if det is None or det.world < world:
+            names = sorted(set(state.rank_node.values()))
+            index = {name: i for i, name in enumerate(names)}
+            rank_node = np.zeros(world, dtype=np.int64)
+            rank_gpu = np.zeros(world, dtype=np.int64)
+            for rank, node in state.rank_node.items():
+                rank_node[rank] = index[node]
+                rank_gpu[rank] = state.rank_gpu[rank]
+            fresh = JobDetector(
+                state.job_id, self.params, state.attempt, rank_node, rank_gpu, names
+            )
+            if det is not None:  # a rank appeared late: keep the warm-up progress
+                fresh.steps_done = det.steps_done
+            state.detector = det = fresh
+        return det
+
+    @staticmethod
+    def _block(batch: RecordBatch, steps: np.ndarray, world: int) -> Block:
+        rows = np.searchsorted(steps, batch.step)
+        shape = (len(steps), world)
+
+        def dense(values: np.ndarray) -> np.ndarray:
+            out = np.full(shape, np.nan)
+            out[rows, batch.rank] = values
+            return out
+
+        ts = np.full(len(steps), -np.inf)
+        np.maximum.at(ts, rows, batch.ts)
+        step_s = np.full(len(steps), np.nan)
+        step_s[rows] = batch.step_s  # every rank's step time is the same; any one will do
+        return Block(
+            steps, ts, step_s, dense(batch.compute_s), dense(batch.comm_s), dense(batch.data_s)
+        )
+
+    # -- hangs ---------------------------------------------------------------------------------
+    def check_hangs(self, now: float, *, only: Iterable[str] | None = None) -> list[HangEvent]:
+        """Jobs without progress for the hang timeout (once per stall); ``only`` limits the
+        check to jobs known to be running."""
+        events = []
+        wanted = set(only) if only is not None else None
+        for state in self._jobs.values():
+            if wanted is not None and state.job_id not in wanted:
+                continue
+            stalled = now - state.last_ts
+            if stalled < self.params.hang_timeout_s or state.hang_reported_at is not None:
+                continue
+            if not state.rank_last_step:
+                continue
+            state.hang_reported_at = now
+            last = state.rank_last_step
+            lowest = min(step for step, _ in last.values())
+            firsts = [r for r, (step, _) in last.items() if step == lowest]
+            if len(firsts) == len(last):  # all at the same step: the earliest to report it
+                earliest = min(ts for _, ts in last.values())
+                firsts = [r for r, (_, ts) in last.items() if ts - earliest < 1e-3]
+            firsts = sorted(firsts)[:16]
+            events.append(
+                HangEvent(
+                    job_id=state.job_id,
+                    step=lowest,
+                    ts=now,
+                    stalled_s=round(stalled, 1),
+                    first_stopped=firsts,
+                    nodes=sorted({state.rank_node[r] for r in firsts}),
+                    attempt=max(state.attempt, 0),
+                )
+            )
+        return events

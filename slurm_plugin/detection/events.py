@@ -1,0 +1,68 @@
+"""What the detector reports (frozen values; JSON via ``to_dict``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Cause = Literal["compute", "input"]
+Scope = Literal["gpu", "node"]
+
+
+@dataclass(frozen=True)
+class StragglerEvent:
+    """One node (or one GPU of it) holds the job back."""
+
+    job_id: str
+    node: str
+    gpu: int | None
+    ranks: list[int]
+    step: int
+    ts: float
+    score: float
+    slowdown_pct: float
+    cause: Cause
+    scope: Scope
+    attempt: int = 0
+    kind: Literal["straggler"] = "straggler"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class HangEvent:
+    """The job made no progress for the hang timeout."""
+
+    job_id: str
+    step: int
+    ts: float
+    stalled_s: float
+    first_stopped: list[int] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    attempt: int = 0
+    kind: Literal["hang"] = "hang"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SyncStallEvent:
+    """Job-wide wait rose while compute stayed flat: fabric or collective trouble."""
+
+    job_id: str
+    step: int
+    ts: float
+    wait_rise_pct: float
+    attempt: int = 0
+    kind: Literal["sync_stall"] = "sync_stall"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+Event = StragglerEvent | HangEvent | SyncStallEvent

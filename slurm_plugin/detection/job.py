@@ -1,0 +1,333 @@
+"""The per-job detector: dense blocks of steps x ranks in, events out (pure, numpy).
+
+Per step each rank's compute time is normalised against the cross-rank median and a robust
+spread (1.4826 x MAD, smoothed over steps, with a floor), clipped, and fed to a bank of
+one-sided CUSUM charts per rank and per node. The charts' references are multiples of half the
+smallest slowdown worth acting on; their thresholds split the target false-alarm ARL. Steps in
+which every rank slows down move the median, not the scores, so they cancel. A separate chart
+on data-loading time finds input stragglers; a job-level chart on the low quantile of the
+collective wait finds sync stalls.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from slurm_plugin.detection.events import Event, StragglerEvent, SyncStallEvent
+from slurm_plugin.detection.params import DetectionParams
+from slurm_plugin.detection.stats import (
+    F64,
+    MAD_TO_SIGMA,
+    cusum,
+    ewma,
+    row_median,
+    thresholds,
+)
+
+_INPUT_H = 8.0
+
+
+def _run_start(scores: F64, k: float) -> int:
+    """Index where the CUSUM run that ends at the last score began (after its last zero):
+    the steps that carry the shift, over which the slowdown is estimated."""
+    s, start = 0.0, 0
+    for i, value in enumerate(scores.tolist()):
+        s = max(0.0, s + value - k)
+        if s == 0.0:
+            start = i + 1
+    return min(start, len(scores) - 1)
+
+
+_MAX_ROWS = 1024
+
+
+@dataclass
+class Block:
+    """Complete steps of one job attempt as dense matrices (rows: steps, columns: ranks)."""
+
+    steps: np.ndarray
+    ts: F64
+    step_s: F64
+    compute: F64
+    comm: F64
+    data: F64
+
+    def rows(self, begin: int, end: int) -> Block:
+        """A slice of the rows."""
+        s = slice(begin, end)
+        return Block(
+            self.steps[s], self.ts[s], self.step_s[s], self.compute[s], self.comm[s], self.data[s]
+        )
+
+
+@dataclass
+class _Tail:
+    """Rows of per-rank deviations (relative excess over the median, scores), for attributing
+    an alarm; ``offset`` is the row where the current block starts."""
+
+    excess_compute: F64
+    excess_data: F64
+    z: F64
+    offset: int = 0
+
+
+@dataclass
+class JobDetector:
+    """Detection state of one attempt of one job."""
+
+    job_id: str
+    params: DetectionParams
+    attempt: int = 0
+    rank_node: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    rank_gpu: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    node_names: list[str] = field(default_factory=list)
+    steps_done: int = 0
+
+    def __post_init__(self) -> None:
+        n = len(self.rank_node)
+        charts = self.params.charts
+        self._spread = math.nan
+        self._rank_s = np.zeros((charts, n))
+        self._node_s = np.zeros((charts, len(self.node_names)))
+        self._input_s = np.zeros(n)
+        self._flagged: set[tuple[str, str]] = set()
+        self._tail: _Tail | None = None
+        self._warm: list[F64] = []
+        self._base: tuple[float, float, float] | None = None
+        self._sync_s = 0.0
+        self._sync_flagged = False
+        self._alpha = 1.0 - 0.5 ** (1.0 / self.params.spread_halflife_steps)
+        self._order = np.argsort(self.rank_node, kind="stable")
+        nodes_sorted = self.rank_node[self._order]
+        self._node_starts = np.flatnonzero(np.r_[True, nodes_sorted[1:] != nodes_sorted[:-1]])
+        self._node_of_group = nodes_sorted[self._node_starts] if n else nodes_sorted
+
+    @property
+    def world(self) -> int:
+        """Ranks this detector knows."""
+        return len(self.rank_node)
+
+    # -- entry point ---------------------------------------------------------------------------
+    def process(self, block: Block) -> list[Event]:
+        """Feed complete steps (in step order); return the events they raise."""
+        events: list[Event] = []
+        for begin in range(0, len(block.steps), _MAX_ROWS):
+            events += self._process(block.rows(begin, begin + _MAX_ROWS))
+        return events
+
+    def _process(self, b: Block) -> list[Event]:
+        p = self.params
+        rows = len(b.steps)
+        c = b.compute
+        med_c = row_median(c)
+        valid_rows = (np.sum(np.isfinite(c), axis=1) >= p.min_world_size) & (med_c > 0)
+        mad = row_median(np.abs(c - med_c[:, None])) * MAD_TO_SIGMA
+        smooth = ewma(np.where(valid_rows, mad, np.nan), self._alpha, self._spread)
+        if rows and np.isfinite(smooth[-1]):
+            self._spread = float(smooth[-1])
+        spread = np.fmax(smooth, med_c * p.spread_floor_pct / 100.0)
+        spread = np.where(valid_rows & (spread > 0), spread, np.nan)
+        z = np.clip((c - med_c[:, None]) / spread[:, None], -p.clip, p.clip)
+        z = np.where(np.isfinite(z), z, 0.0)
+
+        warm_rows = max(0, min(rows, p.warmup_steps - self.steps_done))
+        live = valid_rows.copy()
+        live[:warm_rows] = False
+        self.steps_done += rows
+
+        k0 = np.clip(0.5 * p.min_slowdown_pct / 100.0 * med_c / spread, 0.1, 8.0)
+        k0 = np.where(live, k0, 1.0)
+        arl = p.false_alarm_arl * p.charts
+        ks = [k0 * 2.0**i for i in range(p.charts)]
+        hs = [thresholds(k, arl) for k in ks]
+
+        rank_hit = self._charts(z, ks, hs, live, self._rank_s)
+        node_z = self._node_scores(z, c)
+        node_hit = self._charts(node_z, ks, hs, live, self._node_s)
+
+        med_d = row_median(b.data)
+        excess_c = (c - med_c[:, None]) / med_c[:, None]
+        excess_d = (b.data - med_d[:, None]) / med_c[:, None]
+        u = np.clip(excess_d / (p.input_min_slowdown_pct / 100.0), -1.0, 2.0)
+        u = np.where(np.isfinite(u) & live[:, None], u - 0.5, 0.0)
+        input_s = cusum(u, self._input_s)
+        self._input_s = input_s[-1] if rows else self._input_s
+        input_hit = input_s > _INPUT_H
+
+        window = self._window(excess_c, excess_d, z)
+        events: list[Event] = []
+        events += self._straggler_events(b, rank_hit, node_hit, input_hit, k0, window)
+        events += self._sync_stall(b, med_c, warm_rows, valid_rows)
+        return events
+
+    # -- CUSUM banks -------------------------------------------------------------------------
+    @staticmethod
+    def _charts(scores: F64, ks: list[F64], hs: list[F64], live: np.ndarray, state: F64) -> F64:
+        """Run every chart over the block; return per row and column the largest S/h."""
+        ratio = np.zeros_like(scores)
+        for i, (k, h) in enumerate(zip(ks, hs, strict=True)):
+            inc = np.where(live[:, None], scores - k[:, None], 0.0)
+            s = cusum(inc, state[i])
+            if len(s):
+                state[i] = s[-1]
+            ratio = np.maximum(ratio, s / np.where(h > 0, h, np.inf)[:, None])
+        return ratio
+
+    def _node_scores(self, z: F64, c: F64) -> F64:
+        """Per node: sum of its ranks' scores / sqrt(reporting ranks) (N(0,1) when healthy)."""
+        if not len(self.node_names) or not z.shape[1]:
+            return np.zeros((z.shape[0], len(self.node_names)))
+        zs = z[:, self._order]
+        present = np.isfinite(c[:, self._order]).astype(np.float64)
+        sums = np.add.reduceat(zs, self._node_starts, axis=1)
+        counts = np.add.reduceat(present, self._node_starts, axis=1)
+        out = np.zeros((z.shape[0], len(self.node_names)))
+        out[:, self._node_of_group] = sums / np.sqrt(np.maximum(counts, 1.0))
+        return out
+
+    # -- attribution ---------------------------------------------------------------------------
+    def _window(self, excess_c: F64, excess_d: F64, z: F64) -> _Tail:
+        """Block rows preceded by the tail of earlier blocks; keeps the new tail."""
+        keep = self.params.attribution_steps
+        if self._tail is not None and self._tail.z.shape[1] == z.shape[1]:
+            joined = _Tail(
+                np.vstack([self._tail.excess_compute, excess_c]),
+                np.vstack([self._tail.excess_data, excess_d]),
+                np.vstack([self._tail.z, z]),
+            )
+        else:
+            joined = _Tail(excess_c, excess_d, z)
+        joined.offset = joined.z.shape[0] - z.shape[0]
+        self._tail = _Tail(
+            joined.excess_compute[-keep:], joined.excess_data[-keep:], joined.z[-keep:]
+        )
+        return joined
+
+    def _straggler_events(
+        self,
+        b: Block,
+        rank_hit: F64,
+        node_hit: F64,
+        input_hit: np.ndarray,
+        k0: F64,
+        window: _Tail,
+    ) -> list[Event]:
+        # Candidates: (row, kind, rank or None for a node chart, node index, score).
+        candidates: list[tuple[int, str, int | None, int, float]] = []
+        sources = (
+            ("compute", rank_hit, False),
+            ("compute", node_hit, True),
+            ("input", np.where(input_hit, 1.0, 0.0), False),
+        )
+        for kind, hits, is_node in sources:
+            rows, cols = np.nonzero(hits >= 1.0)
+            first: dict[int, int] = {}
+            for row, col in zip(rows.tolist(), cols.tolist(), strict=True):
+                first.setdefault(col, row)  # np.nonzero is row-major: earliest row first
+            for col, row in first.items():
+                node_of = col if is_node else int(self.rank_node[col])
+                candidates.append(
+                    (row, kind, None if is_node else col, node_of, float(hits[row, col]))
+                )
+        candidates.sort(key=lambda c: (c[0], c[1], -c[4]))
+        events: list[Event] = []
+        for row, kind, rank, node_index, score in candidates:
+            node = self.node_names[node_index]
+            if (node, kind) in self._flagged:
+                continue
+            self._flagged.add((node, kind))
+            events.append(self._attribute(b, row, kind, rank, node_index, score, k0, window))
+        return events
+
+    def _attribute(
+        self,
+        b: Block,
+        row: int,
+        kind: str,
+        rank: int | None,
+        node_index: int,
+        score: float,
+        k0: F64,
+        window: _Tail,
+    ) -> StragglerEvent:
+        """Build the event: which ranks, node-wide or one GPU, how much slower."""
+        keep = self.params.attribution_steps
+        at = window.offset + row
+        lo, hi = max(0, at - keep + 1), at + 1
+        node_ranks = np.flatnonzero(self.rank_node == node_index)
+        mean_z = window.z[lo:hi][:, node_ranks].mean(axis=0)
+        deviating = node_ranks[mean_z > k0[row]]
+        node_wide = (
+            kind == "compute"
+            and len(node_ranks) >= 2
+            and len(deviating) / len(node_ranks) >= self.params.node_fraction
+        )
+        if node_wide:
+            ranks = [int(x) for x in deviating]
+        elif rank is not None:
+            ranks = [rank]
+        else:
+            ranks = [int(node_ranks[int(np.argmax(mean_z))])]
+        excess = window.excess_data if kind == "input" else window.excess_compute
+        start = lo + _run_start(window.z[lo:hi][:, ranks].mean(axis=1), float(k0[row]))
+        slowdown = float(np.nanmean(excess[start:hi][:, ranks])) * 100.0
+        return StragglerEvent(
+            job_id=self.job_id,
+            node=self.node_names[node_index],
+            gpu=None if node_wide else int(self.rank_gpu[ranks[0]]),
+            ranks=ranks,
+            step=int(b.steps[row]),
+            ts=float(b.ts[row]),
+            score=round(score, 3),
+            slowdown_pct=round(slowdown, 2),
+            cause="input" if kind == "input" else "compute",
+            scope="node" if node_wide else "gpu",
+            attempt=self.attempt,
+        )
+
+    # -- sync stall ----------------------------------------------------------------------------
+    def _sync_stall(
+        self, b: Block, med_c: F64, warm_rows: int, valid_rows: np.ndarray
+    ) -> list[Event]:
+        p = self.params
+        if self._sync_flagged or not np.isfinite(b.comm).any():
+            return []
+        low_comm = np.fmin.reduce(b.comm, axis=1)  # the slowest rank waits only for the transfer
+        med_step = row_median(b.step_s[:, None]) if b.step_s.ndim == 1 else row_median(b.step_s)
+        if warm_rows:
+            self._warm.append(np.c_[low_comm[:warm_rows], med_c[:warm_rows], med_step[:warm_rows]])
+        if self._base is None:
+            if self.steps_done < p.warmup_steps or not self._warm:
+                return []
+            warm = np.vstack(self._warm)
+            base = np.nanmedian(warm, axis=0)
+            if not np.all(np.isfinite(base)) or base[2] <= 0:
+                return []
+            self._base = (float(base[0]), float(base[1]), float(base[2]))
+        base_comm, base_c, base_step = self._base
+        live = valid_rows.copy()
+        live[:warm_rows] = False
+        flat = np.abs(med_c / base_c - 1.0) < 0.1
+        rise = (low_comm - base_comm) / base_step
+        u = np.clip(rise / (p.sync_stall_min_rise_pct / 100.0), -1.0, 4.0) - 0.5
+        u = np.where(live & flat & np.isfinite(u), u, 0.0)
+        s = cusum(u[:, None], np.array([self._sync_s]))[:, 0]
+        if len(s):
+            self._sync_s = float(s[-1])
+        hits = np.flatnonzero(s > 0.5 * p.sync_stall_steps)
+        if not len(hits):
+            return []
+        r = int(hits[0])
+        self._sync_flagged = True
+        return [
+            SyncStallEvent(
+                job_id=self.job_id,
+                step=int(b.steps[r]),
+                ts=float(b.ts[r]),
+                wait_rise_pct=round(float(rise[r]) * 100.0, 1),
+                attempt=self.attempt,
+            )
+        ]

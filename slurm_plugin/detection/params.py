@@ -1,0 +1,97 @@
+"""Detector parameters and the CUSUM arithmetic behind them (pure).
+
+The false-alarm target is expressed as an average run length (ARL) in rank-steps: the default
+is one false alarm a month on a 16,384-GPU cluster at one step per second per rank.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+SECONDS_PER_MONTH = 30 * 24 * 3600
+DEFAULT_ARL = float(SECONDS_PER_MONTH * 16_384)  # rank-steps between false alarms (~4.2e10)
+_SIEGMUND = 1.166  # Siegmund's correction of the boundary overshoot for N(0, 1) increments
+
+
+@dataclass(frozen=True)
+class DetectionParams:
+    """What the detector looks for and how sure it must be (policy ``[detection]`` values)."""
+
+    min_slowdown_pct: float = 3.0
+    false_alarm_arl: float = DEFAULT_ARL
+    warmup_steps: int = 20
+    hang_timeout_s: float = 300.0
+    clip: float = 6.0
+    spread_floor_pct: float = 0.1
+    spread_halflife_steps: float = 44.0
+    charts: int = 3
+    min_world_size: int = 4
+    node_fraction: float = 0.5
+    input_min_slowdown_pct: float = 10.0
+    input_clip: float = 3.0
+    sync_stall_min_rise_pct: float = 20.0
+    sync_stall_steps: float = 10.0
+    lag_steps: int = 3
+    attribution_steps: int = 32
+
+    def __post_init__(self) -> None:
+        checks = {
+            "min_slowdown_pct": self.min_slowdown_pct > 0,
+            "false_alarm_arl": self.false_alarm_arl > 10,
+            "warmup_steps": self.warmup_steps >= 0,
+            "hang_timeout_s": self.hang_timeout_s > 0,
+            "clip": self.clip > 0,
+            "spread_floor_pct": self.spread_floor_pct > 0,
+            "spread_halflife_steps": self.spread_halflife_steps > 0,
+            "charts": 1 <= self.charts <= 6,
+            "min_world_size": self.min_world_size >= 2,
+            "node_fraction": 0 < self.node_fraction <= 1,
+            "input_min_slowdown_pct": self.input_min_slowdown_pct > 0,
+            "input_clip": self.input_clip > 0,
+            "sync_stall_min_rise_pct": self.sync_stall_min_rise_pct > 0,
+            "sync_stall_steps": self.sync_stall_steps > 0,
+            "lag_steps": self.lag_steps >= 0,
+            "attribution_steps": self.attribution_steps >= 1,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"invalid detection parameters: {', '.join(bad)}")
+
+
+def cusum_arl0(k: float, h: float) -> float:
+    """Siegmund's in-control ARL of a one-sided CUSUM (reference k, threshold h) on N(0, 1)."""
+    b = h + _SIEGMUND
+    x = 2.0 * k * b
+    return (math.exp(x) - x - 1.0) / (2.0 * k * k)
+
+
+def cusum_delay(k: float, h: float, shift: float) -> float:
+    """Siegmund's out-of-control ARL (expected detection delay) for a mean shift ``shift``."""
+    delta = shift - k
+    b = h + _SIEGMUND
+    if abs(delta) < 1e-9:
+        return b * b
+    x = 2.0 * delta * b
+    return (math.exp(-x) + x - 1.0) / (2.0 * delta * delta)
+
+
+def cusum_threshold(k: float, arl: float) -> float:
+    """The threshold h whose in-control ARL (Siegmund) equals ``arl`` for reference ``k``."""
+    # Solve e^x - x - 1 = 2 k^2 arl for x = 2 k b by fixed-point iteration (converges fast
+    # because arl is large), then h = b - 1.166.
+    target = 2.0 * k * k * arl
+    x = math.log(target + 1.0)
+    for _ in range(50):
+        x_next = math.log(target + x + 1.0)
+        if abs(x_next - x) < 1e-12:
+            break
+        x = x_next
+    return max(0.0, x / (2.0 * k) - _SIEGMUND)
+
+
+def optimal_delay(shift: float, arl: float) -> float:
+    """The CUSUM optimum for a shift of ``shift`` standard deviations at false-alarm ARL
+    ``arl``: (2/d^2)(ln(arl d^2 / 2) - 1) steps (Siegmund's approximation)."""
+    d2 = shift * shift
+    return (2.0 / d2) * (math.log(arl * d2 / 2.0) - 1.0)

@@ -1,0 +1,1 @@
+"""Policies (schema, loader), the pure decision engine and node history."""

@@ -1,0 +1,122 @@
+"""Node history across jobs (pure): incidents with time decay, persistent stragglers.
+
+A node becomes a *persistent straggler* after ``incidents`` compute incidents within
+``window_s`` that come from at least ``distinct_jobs`` (>= 2) different jobs, so one job's
+telemetry can never mark a node on its own. It is forgiven (history cleared) after
+``forgive_after_s`` without an incident. Input-bound incidents (slow data) never count: they say
+nothing about the node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+NodeState = Literal["ok", "suspect", "persistent"]
+
+
+@dataclass(frozen=True)
+class HistoryParams:
+    """Persistence policy (policy ``[persistence]`` values)."""
+
+    incidents: int = 3
+    distinct_jobs: int = 2
+    window_s: float = 7 * 24 * 3600.0
+    half_life_s: float = 3 * 24 * 3600.0
+    forgive_after_s: float = 14 * 24 * 3600.0
+
+    def __post_init__(self) -> None:
+        if self.distinct_jobs < 2:
+            raise ValueError("distinct_jobs must be >= 2: one job alone never marks a node")
+        if self.incidents < self.distinct_jobs:
+            raise ValueError("incidents must be >= distinct_jobs")
+        if min(self.window_s, self.half_life_s, self.forgive_after_s) <= 0:
+            raise ValueError("window_s, half_life_s and forgive_after_s must be > 0")
+
+
+@dataclass(frozen=True)
+class Incident:
+    """One straggler detection on a node."""
+
+    job_id: str
+    ts: float
+    slowdown_pct: float = 0.0
+    cause: str = "compute"
+    user: str = ""
+
+
+@dataclass(frozen=True)
+class NodeHistory:
+    """What we remember about one node."""
+
+    node: str
+    incidents: tuple[Incident, ...] = ()
+    state: NodeState = "ok"
+    persistent_since: float | None = None
+    last_incident: float | None = None
+    forgiven: int = 0
+
+    def score(self, now: float, params: HistoryParams) -> float:
+        """Decayed incident count (1 for an incident now, 0.5 one half-life ago...)."""
+        return float(
+            sum(0.5 ** (max(0.0, now - i.ts) / params.half_life_s) for i in self.incidents)
+        )
+
+
+@dataclass(frozen=True)
+class Transition:
+    """The node history after an update, and whether it just became persistent."""
+
+    history: NodeHistory
+    became_persistent: bool = False
+    forgiven: bool = False
+    reasons: list[str] = field(default_factory=list)
+
+
+def evaluate(
+    history: NodeHistory, now: float, params: HistoryParams, *, distinct_users: bool = False
+) -> Transition:
+    """Age the history to ``now``: drop incidents outside the window, forgive quiet nodes."""
+    if history.last_incident is not None and now - history.last_incident >= params.forgive_after_s:
+        forgiven = history.state != "ok" or bool(history.incidents)
+        return Transition(
+            NodeHistory(history.node, forgiven=history.forgiven + int(forgiven)),
+            forgiven=forgiven,
+            reasons=["quiet for the forgiveness period"] if forgiven else [],
+        )
+    recent = tuple(i for i in history.incidents if now - i.ts <= params.window_s)
+    jobs = {i.job_id for i in recent}
+    sources = {i.user for i in recent} if distinct_users else jobs
+    persistent = (
+        len(recent) >= params.incidents
+        and len(jobs) >= params.distinct_jobs
+        and (len(sources) >= params.distinct_jobs)
+    )
+    was = history.state == "persistent"
+    if was:  # persistence lasts until forgiven, not until incidents age out of the window
+        state: NodeState = "persistent"
+    else:
+        state = "persistent" if persistent else ("suspect" if recent else "ok")
+    updated = replace(
+        history,
+        incidents=recent,
+        state=state,
+        persistent_since=history.persistent_since if was else (now if persistent else None),
+    )
+    reasons = []
+    if persistent and not was:
+        reasons.append(
+            f"{len(recent)} incidents in {len(jobs)} jobs within {params.window_s / 86400:g} days"
+        )
+    return Transition(updated, became_persistent=persistent and not was, reasons=reasons)
+
+
+def record_incident(
+    history: NodeHistory, incident: Incident, params: HistoryParams, *, distinct_users: bool = False
+) -> Transition:
+    """Add a straggler incident (input-bound ones are ignored) and re-evaluate."""
+    if incident.cause != "compute":
+        return evaluate(history, incident.ts, params, distinct_users=distinct_users)
+    aged = evaluate(history, incident.ts, params, distinct_users=distinct_users).history
+    added = replace(aged, incidents=(*aged.incidents, incident), last_incident=incident.ts)
+    return evaluate(added, incident.ts, params, distinct_users=distinct_users)

@@ -1,0 +1,89 @@
+"""Policy files (TOML) as validated pydantic models; every field documented, typos rejected.
+
+This module holds the parts the detector and the backtest use: ``[detection]``,
+``[persistence]`` and the action mode.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from slurm_plugin.detection.params import DEFAULT_ARL, DetectionParams
+from slurm_plugin.policy.history import HistoryParams
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DetectionPolicy(_Strict):
+    """How sensitive detection is."""
+
+    min_slowdown_pct: float = Field(
+        3.0, gt=0, le=100, description="Smallest compute slowdown of a rank worth acting on, %."
+    )
+    false_alarm_arl: float = Field(
+        DEFAULT_ARL,
+        gt=10,
+        description="Rank-steps between false alarms (default: one a month on 16,384 GPUs at "
+        "one step per second).",
+    )
+    warmup_steps: int = Field(20, ge=0, description="Steps ignored after each (re)start.")
+    hang_timeout_s: float = Field(300.0, gt=0, description="No progress this long is a hang.")
+    input_min_slowdown_pct: float = Field(
+        10.0, gt=0, description="Smallest data-loading excess (% of compute) to report."
+    )
+    sync_stall_min_rise_pct: float = Field(
+        20.0, gt=0, description="Job-wide wait rise (% of step time) that is a sync stall."
+    )
+
+    def params(self) -> DetectionParams:
+        """The detector's parameters."""
+        return DetectionParams(**self.model_dump())
+
+
+class PersistencePolicy(_Strict):
+    """When a node counts as a persistent straggler, and when it is forgiven."""
+
+    incidents: int = Field(3, ge=2, description="Incidents within the window.")
+    distinct_jobs: int = Field(2, ge=2, description="...from at least this many jobs.")
+    window_days: float = Field(7.0, gt=0, description="Window for counting incidents, days.")
+    half_life_days: float = Field(3.0, gt=0, description="Decay half-life of incidents, days.")
+    forgive_after_days: float = Field(14.0, gt=0, description="Quiet days that clear a node.")
+    distinct_users: bool = Field(
+        False, description="Count distinct users instead of distinct jobs."
+    )
+
+    def params(self) -> HistoryParams:
+        """The node history's parameters."""
+        day = 86400.0
+        return HistoryParams(
+            incidents=self.incidents,
+            distinct_jobs=self.distinct_jobs,
+            window_s=self.window_days * day,
+            half_life_s=self.half_life_days * day,
+            forgive_after_s=self.forgive_after_days * day,
+        )
+
+
+class ActionPolicy(_Strict):
+    """What the service does about a detection."""
+
+    mode: Literal["off", "observe", "evict"] = Field(
+        "observe",
+        description="off: nothing; observe: record and annotate; evict: requeue the "
+        "job without the straggler node.",
+    )
+    drain_persistent: bool = Field(False, description="Drain persistent straggler nodes.")
+
+
+class Policy(_Strict):
+    """A named straggler policy."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$", description="Policy name.")
+    description: str = Field("", description="What the policy is for.")
+    detection: DetectionPolicy = Field(default_factory=DetectionPolicy)
+    persistence: PersistencePolicy = Field(default_factory=PersistencePolicy)
+    actions: ActionPolicy = Field(default_factory=ActionPolicy)
