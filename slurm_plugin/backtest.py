@@ -87,8 +87,8 @@ def run_backtest(trace: Trace, policy: Policy) -> BacktestResult:
     last_ts = np.full(len(names), -np.inf)
     np.maximum.at(last_ts, job_codes, trace.ts)
     events: list[Event] = []
-    for begin in range(0, len(trace), CHUNK):
-        end = min(begin + CHUNK, len(trace))
+    bounds = _chunk_bounds(job_codes, trace.ts, policy.detection.hang_timeout_s)
+    for begin, end in zip(bounds[:-1], bounds[1:], strict=True):
         now = float(trace.ts[begin])
         running = [names[j] for j in np.flatnonzero(last_ts > now).tolist()]
         events += detector.check_hangs(now, only=running)
@@ -126,6 +126,19 @@ def run_backtest(trace: Trace, policy: Policy) -> BacktestResult:
     result.persistent_nodes = sorted(n for n, h in histories.items() if h.state == "persistent")
     result.late_records = detector.late_records
     return result
+
+
+def _chunk_bounds(job_codes: np.ndarray, ts: np.ndarray, hang_timeout_s: float) -> list[int]:
+    """Chunk starts: every CHUNK records, and wherever a job resumes after a silence longer
+    than the hang timeout (so the hang check runs inside the silence)."""
+    starts = set(range(0, len(ts), CHUNK))
+    order = np.lexsort((np.arange(len(ts)), job_codes))
+    gap = np.r_[
+        False,
+        (job_codes[order][1:] == job_codes[order][:-1]) & (np.diff(ts[order]) >= hang_timeout_s),
+    ]
+    starts.update(order[gap].tolist())
+    return [*sorted(starts), len(ts)]
 
 
 def infer_attempts(job_codes: np.ndarray, rank: np.ndarray, step: np.ndarray) -> np.ndarray:

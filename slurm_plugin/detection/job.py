@@ -124,13 +124,18 @@ class JobDetector:
         c = b.compute
         med_c = row_median(c)
         valid_rows = (np.sum(np.isfinite(c), axis=1) >= p.min_world_size) & (med_c > 0)
-        mad = row_median(np.abs(c - med_c[:, None])) * MAD_TO_SIGMA
+        # Relative deviations: slowdowns are relative, and a step where every rank slows
+        # down by the same factor (checkpoint, global stall) changes nothing here.
+        rel = c / med_c[:, None] - 1.0
+        mad = row_median(np.abs(rel)) * MAD_TO_SIGMA
         smooth = ewma(np.where(valid_rows, mad, np.nan), self._alpha, self._spread)
         if rows and np.isfinite(smooth[-1]):
             self._spread = float(smooth[-1])
-        spread = np.fmax(smooth, med_c * p.spread_floor_pct / 100.0)
-        spread = np.where(valid_rows & (spread > 0), spread, np.nan)
-        z = np.clip((c - med_c[:, None]) / spread[:, None], -p.clip, p.clip)
+        # This step's own spread also bounds the scale from below: a burst of extra noise
+        # on every rank must not look like many stragglers.
+        spread = np.fmax(np.fmax(smooth, mad), p.spread_floor_pct / 100.0)
+        spread = np.where(valid_rows, spread, np.nan)
+        z = np.clip(rel / spread[:, None], -p.clip, p.clip)
         z = np.where(np.isfinite(z), z, 0.0)
 
         warm_rows = max(0, min(rows, p.warmup_steps - self.steps_done))
@@ -138,7 +143,7 @@ class JobDetector:
         live[:warm_rows] = False
         self.steps_done += rows
 
-        k0 = np.clip(0.5 * p.min_slowdown_pct / 100.0 * med_c / spread, 0.1, 8.0)
+        k0 = np.clip(0.5 * p.min_slowdown_pct / 100.0 / spread, 0.1, 8.0)
         k0 = np.where(live, k0, 1.0)
         arl = p.false_alarm_arl * p.charts
         ks = [k0 * 2.0**i for i in range(p.charts)]
@@ -258,6 +263,9 @@ class JobDetector:
         at = window.offset + row
         lo, hi = max(0, at - keep + 1), at + 1
         node_ranks = np.flatnonzero(self.rank_node == node_index)
+        own = [rank] if rank is not None else node_ranks
+        # The steps that carry the shift: since the alarming CUSUM run began.
+        lo += _run_start(window.z[lo:hi][:, own].mean(axis=1), float(k0[row]))
         mean_z = window.z[lo:hi][:, node_ranks].mean(axis=0)
         deviating = node_ranks[mean_z > k0[row]]
         node_wide = (
@@ -272,8 +280,7 @@ class JobDetector:
         else:
             ranks = [int(node_ranks[int(np.argmax(mean_z))])]
         excess = window.excess_data if kind == "input" else window.excess_compute
-        start = lo + _run_start(window.z[lo:hi][:, ranks].mean(axis=1), float(k0[row]))
-        slowdown = float(np.nanmean(excess[start:hi][:, ranks])) * 100.0
+        slowdown = float(np.nanmean(excess[lo:hi][:, ranks])) * 100.0
         return StragglerEvent(
             job_id=self.job_id,
             node=self.node_names[node_index],
