@@ -114,8 +114,10 @@ def scenarios() -> list[list[object]]:
         [
             "one GPU drifting to +15 % over 600 steps",
             "rank 40, compute",
-            f"step {ev[0].step if ev else '-'} (drift at +{at:.1f} %), "
-            f"est. {ev[0].slowdown_pct if ev else '-'} %",
+            (
+                f"step {ev[0].step if ev else '-'} (drift at +{at:.1f} %), "
+                f"est. {ev[0].slowdown_pct if ev else '-'} %"
+            ),
             "pass" if ok else "FAIL",
         ]
     )
@@ -134,9 +136,11 @@ def scenarios() -> list[list[object]]:
         [
             "whole node +8 % (8 GPUs)",
             "n0008, scope node",
-            f"{ev[0].node if ev else '-'} scope {ev[0].scope if ev else '-'} at +"
-            f"{ev[0].step - 199 if ev else '-'} steps, {len(ev[0].ranks) if ev else 0} "
-            "ranks",
+            (
+                f"{ev[0].node if ev else '-'} scope {ev[0].scope if ev else '-'} at +"
+                f"{ev[0].step - 199 if ev else '-'} steps, {len(ev[0].ranks) if ev else 0} "
+                "ranks"
+            ),
             "pass" if ok else "FAIL",
         ]
     )
@@ -150,8 +154,10 @@ def scenarios() -> list[list[object]]:
         [
             "one GPU +3 % among 2,048",
             "rank 1234, scope gpu",
-            f"rank {ev[0].ranks if ev else '-'} after {ev[0].step - 199 if ev else '-'} "
-            f"steps, est. {ev[0].slowdown_pct if ev else '-'} %",
+            (
+                f"rank {ev[0].ranks if ev else '-'} after {ev[0].step - 199 if ev else '-'} "
+                f"steps, est. {ev[0].slowdown_pct if ev else '-'} %"
+            ),
             "pass" if ok else "FAIL",
         ]
     )
@@ -259,8 +265,10 @@ def history_and_trace_scenarios(tmp: Path) -> tuple[list[list[object]], float]:
         [
             "job-wide comm stall (transfer x3)",
             "sync_stall, no straggler",
-            f"{len(stalls)} sync_stall at step {stalls[0]['step'] if stalls else '-'}, "
-            f"{len(comm_stragglers)} stragglers",
+            (
+                f"{len(stalls)} sync_stall at step {stalls[0]['step'] if stalls else '-'}, "
+                f"{len(comm_stragglers)} stragglers"
+            ),
             "pass" if len(stalls) == 1 and not comm_stragglers else "FAIL",
         ],
     ]

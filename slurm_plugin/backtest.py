@@ -7,6 +7,7 @@ records simply end has finished, as far as a trace can tell).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,7 +89,7 @@ def run_backtest(trace: Trace, policy: Policy) -> BacktestResult:
     np.maximum.at(last_ts, job_codes, trace.ts)
     events: list[Event] = []
     bounds = _chunk_bounds(job_codes, trace.ts, policy.detection.hang_timeout_s)
-    for begin, end in zip(bounds[:-1], bounds[1:], strict=True):
+    for begin, end in itertools.pairwise(bounds):
         now = float(trace.ts[begin])
         running = [names[j] for j in np.flatnonzero(last_ts > now).tolist()]
         events += detector.check_hangs(now, only=running)
