@@ -124,6 +124,8 @@ def read_trace(source: TextIO, *, name: str = "trace") -> Trace:
             f"{name}: missing column(s) {', '.join(missing)}; "
             f"the header must include {', '.join(REQUIRED_COLUMNS)}"
         )
+    if not text[len(first_line) + 1 :].strip():
+        raise TraceError(f"{name}: no records after the header")
     try:
         trace = _fast(text, header) if '"' not in text else None
     except ValueError:

@@ -114,8 +114,10 @@ class JobDetector:
     def process(self, block: Block) -> list[Event]:
         """Feed complete steps (in step order); return the events they raise."""
         events: list[Event] = []
-        for begin in range(0, len(block.steps), _MAX_ROWS):
-            events += self._process(block.rows(begin, begin + _MAX_ROWS))
+        # Zero medians, empty rows and the like yield NaN/inf, which the code masks out.
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for begin in range(0, len(block.steps), _MAX_ROWS):
+                events += self._process(block.rows(begin, begin + _MAX_ROWS))
         return events
 
     def _process(self, b: Block) -> list[Event]:

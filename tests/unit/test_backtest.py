@@ -1,0 +1,99 @@
+"""Trace parsing and `straggler backtest`."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from slurm_plugin.backtest import infer_attempts
+from slurm_plugin.cli.main import cli
+from slurm_plugin.errors import TraceError
+from slurm_plugin.trace import read_trace
+from tests.scenarios.generator import JobSpec, generate, step_change, write_csv
+
+HEADER = "job_id,rank,node,gpu,step,ts,step_s,compute_s,comm_s,data_s\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "empty file"),
+        ("job_id,rank,node\n1,0,n1\n", "missing column(s) step, ts, step_s"),
+        (HEADER, "no records"),
+        (HEADER + "1,0,n1,0,0,100.0,0.1,x,0.1,\n", "row 2: column 'compute_s': not a number"),
+        (
+            HEADER + "1,0,n1,0,0,100.0,0.1,0.1,0.1,\n1,0,n1,0,1.5,101,0.1,,,\n",
+            "row 3: column 'step' must be an integer",
+        ),
+        (HEADER + "1,0,n1,0,0,100.0\n", "row 2 has 6 fields"),
+        (HEADER + "1,0,n1,0,0,inf,0.1,,,\n", "column 'ts' must be finite"),
+        (HEADER + "1,-1,n1,0,0,100.0,0.1,,,\n", "must be >= 0"),
+    ],
+)
+def test_bad_traces_name_the_problem(text: str, message: str) -> None:
+    """Missing columns, bad numbers and empty files are clear errors."""
+    with pytest.raises(TraceError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        read_trace(io.StringIO(text))
+
+
+def test_optional_cells_and_unsorted_rows() -> None:
+    """Empty phase cells are 'not measured'; rows are put in ts order."""
+    text = HEADER + '2,1,"n 2",0,1,200.0,0.1,,,\n1,0,n1,1,0,100.0,0.2,0.15,0.04,0.01\n'
+    trace = read_trace(io.StringIO(text))
+    assert trace.job_id.tolist() == ["1", "2"]
+    assert trace.node.tolist() == ["n1", "n 2"]
+    assert np.isnan(trace.compute_s[1])
+    assert trace.compute_s[0] == pytest.approx(0.15)
+
+
+def test_attempts_are_inferred_from_steps_going_back() -> None:
+    """A rank whose step number drops (restart from a checkpoint) starts a new attempt."""
+    jobs = np.array([0, 0, 0, 0, 1, 0, 0])
+    ranks = np.array([0, 1, 0, 1, 0, 0, 1])
+    steps = np.array([5, 5, 6, 6, 9, 3, 3])
+    assert infer_attempts(jobs, ranks, steps).tolist() == [0, 0, 0, 0, 0, 1, 1]
+
+
+def test_backtest_json(tmp_path: Path) -> None:
+    """The CLI prints the documented JSON with the straggler of the trace."""
+    jobs = [
+        ("31", generate(JobSpec("31", 64, 300, seed=2, compute_slow={12: step_change(0.05, 100)})))
+    ]
+    path = tmp_path / "t.csv"
+    write_csv(jobs, str(path))
+    result = CliRunner().invoke(cli, ["backtest", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert set(data) == {"detections", "persistent_nodes"}
+    (detection,) = data["detections"]
+    assert {k: detection[k] for k in ("job_id", "node", "rank", "gpu", "cause", "action")} == {
+        "job_id": "31",
+        "node": "n0001",
+        "rank": 12,
+        "gpu": 4,
+        "cause": "compute",
+        "action": "evict",
+    }
+    assert detection["step"] >= 100
+    assert data["persistent_nodes"] == []
+
+
+def test_backtest_with_a_policy_file_and_a_typo(tmp_path: Path) -> None:
+    """--policy reads a TOML policy; a typo in it is one clear error naming the key."""
+    trace = tmp_path / "t.csv"
+    trace.write_text(HEADER + "1,0,n1,0,0,100.0,0.1,0.1,0.0,\n")
+    good = tmp_path / "observe.toml"
+    good.write_text('[detection]\nmin_slowdown_pct = 5\n[actions]\nmode = "observe"\n')
+    result = CliRunner().invoke(cli, ["backtest", str(trace), "--policy", str(good), "--json"])
+    assert result.exit_code == 0, result.output
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[detection]\nmin_slowdwn_pct = 5\n")
+    result = CliRunner().invoke(cli, ["backtest", str(trace), "--policy", str(bad)])
+    assert result.exit_code == 2
+    assert "detection.min_slowdwn_pct" in result.stderr
+    assert str(bad) in result.stderr

@@ -1,0 +1,233 @@
+"""The detection engine on synthetic jobs with known ground truth (tests/scenarios)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slurm_plugin.detection import (
+    DetectionParams,
+    Detector,
+    HangEvent,
+    RecordBatch,
+    StragglerEvent,
+    SyncStallEvent,
+)
+from slurm_plugin.detection.params import (
+    cusum_arl0,
+    cusum_delay,
+    cusum_threshold,
+    optimal_delay,
+)
+from tests.scenarios.generator import JobSpec, drift, generate, step_change
+
+
+def _run(spec: JobSpec, params: DetectionParams | None = None) -> list[object]:
+    det = Detector(params)
+    det.add(spec.job_id, generate(spec))
+    return list(det.advance(final=True))
+
+
+def _stragglers(events: list[object]) -> list[StragglerEvent]:
+    return [e for e in events if isinstance(e, StragglerEvent)]
+
+
+def test_cusum_arithmetic() -> None:
+    """The threshold inverts Siegmund's ARL; delays match the closed forms."""
+    for k in (0.25, 0.5, 1.0, 2.0):
+        h = cusum_threshold(k, 1e9)
+        assert cusum_arl0(k, h) == pytest.approx(1e9, rel=1e-6)
+    assert optimal_delay(1.0, 4.25e10) == pytest.approx(2 * (np.log(4.25e10 / 2) - 1))
+    assert cusum_delay(0.5, cusum_threshold(0.5, 4.25e10), 1.0) == pytest.approx(
+        optimal_delay(1.0, 4.25e10), rel=0.01
+    )
+
+
+def test_healthy_job_with_stalls_checkpoints_and_jitter_raises_nothing() -> None:
+    """Checkpoint pauses, global stalls (every rank x2) and dataloader jitter cancel out."""
+    spec = JobSpec("1", 256, 1500, seed=3, stall_steps=(300, 301, 900), checkpoint_every=100)
+    assert _run(spec) == []
+
+
+def test_one_slow_gpu_is_found_quickly_and_attributed() -> None:
+    """+5 % on one GPU of 256: that rank, its node and GPU, cause compute, scope gpu."""
+    spec = JobSpec("7", 256, 400, seed=4, compute_slow={77: step_change(0.05, 150)})
+    (event,) = _stragglers(_run(spec))
+    assert (event.job_id, event.ranks, event.node, event.gpu) == ("7", [77], "n0009", 5)
+    assert (event.cause, event.scope) == ("compute", "gpu")
+    assert 150 <= event.step <= 150 + 10  # optimum for 5 sigma at the default ARL: ~2 steps
+    assert 3.5 < event.slowdown_pct < 6.5
+
+
+def test_whole_slow_node_is_reported_once_with_scope_node() -> None:
+    """All 8 GPUs of a node +8 %: one event for the node, scope node, all its ranks."""
+    spec = JobSpec(
+        "8", 128, 400, seed=5, compute_slow={r: step_change(0.08, 200) for r in range(16, 24)}
+    )
+    (event,) = _stragglers(_run(spec))
+    assert event.node == "n0002"
+    assert event.scope == "node"
+    assert event.gpu is None
+    assert event.ranks == list(range(16, 24))
+
+
+def test_slow_drift_is_caught_early() -> None:
+    """A GPU drifting to +15 % is flagged while the drift is still small."""
+    spec = JobSpec("9", 128, 1000, seed=6, compute_slow={5: drift(0.15, 100, 600)})
+    (event,) = _stragglers(_run(spec))
+    assert event.ranks == [5]
+    assert event.step < 100 + 600 * 0.3  # before the drift reaches +4.5 %
+
+
+def test_slow_data_shard_is_input_not_compute() -> None:
+    """A rank slowed by its data loading is reported as input and never as compute."""
+    spec = JobSpec("10", 128, 500, seed=7, data_slow={40: step_change(0.25, 150)})
+    (event,) = _stragglers(_run(spec))
+    assert (event.ranks, event.cause) == ([40], "input")
+
+
+def test_job_wide_comm_stall() -> None:
+    """Wait rising on every rank with flat compute is a sync stall with no culprit."""
+    spec = JobSpec("11", 64, 500, seed=8, comm_slow_from=250)
+    events = _run(spec)
+    assert [type(e) for e in events] == [SyncStallEvent]
+    assert 250 <= events[0].step <= 270  # type: ignore[attr-defined]
+
+
+def test_hang_names_the_rank_that_stopped_first() -> None:
+    """No progress for the timeout: one hang event naming the first rank to stop."""
+    spec = JobSpec("12", 32, 300, seed=9)
+    batch = generate(spec)
+    keep = ~((batch.rank == 13) & (batch.step >= 200)) & (batch.step < 201)
+    det = Detector(DetectionParams(hang_timeout_s=60))
+    det.add("12", batch.take(keep))
+    det.advance()
+    last = float(batch.ts[keep].max())
+    assert det.check_hangs(last + 30) == []
+    (hang,) = det.check_hangs(last + 61)
+    assert isinstance(hang, HangEvent)
+    assert hang.first_stopped == [13]
+    assert hang.nodes == ["n0001"]
+    assert det.check_hangs(last + 120) == []  # once per stall
+    assert det.check_hangs(last + 61, only=["other"]) == []
+
+
+def test_world_size_one_and_identical_ranks_raise_nothing() -> None:
+    """One rank (nothing to compare) or perfectly equal ranks (MAD 0) never alarm."""
+    assert _run(JobSpec("13", 1, 300, seed=10)) == []
+    spec = JobSpec("14", 16, 300, noise=0.0, data_jitter=0.0, data_spike_p=0.0, compute_spike_p=0.0)
+    assert _run(spec) == []
+
+
+def test_rank_missing_for_100_steps_is_tolerated() -> None:
+    """A rank that stops reporting for 100 steps is not blamed; a real straggler still is."""
+    spec = JobSpec("15", 64, 600, seed=11, compute_slow={50: step_change(0.05, 400)})
+    batch = generate(spec)
+    keep = ~((batch.rank == 3) & (batch.step >= 100) & (batch.step < 200))
+    det = Detector()
+    det.add("15", batch.take(keep))
+    (event,) = _stragglers(list(det.advance(final=True)))
+    assert event.ranks == [50]
+
+
+def test_out_of_order_and_late_records() -> None:
+    """Records arriving shuffled in small batches give the same detection; records for
+    steps already processed are counted as late."""
+    spec = JobSpec("16", 64, 400, seed=12, compute_slow={9: step_change(0.05, 200)})
+    batch = generate(spec)
+    rng = np.random.default_rng(0)
+    det = Detector()
+    collected: list[object] = []
+    for start in range(0, spec.steps, 5):  # 5 steps at a time, shuffled inside
+        idx = np.flatnonzero((batch.step >= start) & (batch.step < start + 5))
+        det.add("16", batch.take(rng.permutation(idx)))
+        collected += det.advance()
+    det.add("16", batch.take(np.flatnonzero(batch.step == 3)))  # replayed old records
+    events = _stragglers([*collected, *det.advance(final=True)])
+    assert [e.ranks for e in events] == [[9]]
+    assert det.late_records == 64
+
+
+def test_nan_and_invalid_values_are_dropped_and_counted() -> None:
+    """NaN step times, negative or infinite phases are dropped; NaN phases mean missing."""
+    spec = JobSpec("17", 16, 100, seed=13)
+    batch = generate(spec)
+    batch.step_s[:5] = np.nan
+    batch.compute_s[5:8] = -1.0
+    batch.comm_s[8] = np.inf
+    batch.compute_s[20:40] = np.nan  # not measured: allowed
+    det = Detector()
+    det.add("17", batch)
+    assert det.advance(final=True) == []
+    assert det.bad_records == 9
+
+
+def test_restart_starts_a_new_attempt() -> None:
+    """A higher attempt resets the job's state; its events carry the attempt; stale records
+    of the old attempt are ignored."""
+    first = JobSpec("18", 64, 300, seed=14, compute_slow={10: step_change(0.05, 100)})
+    second = JobSpec(
+        "18",
+        64,
+        300,
+        seed=15,
+        attempt=1,
+        start_ts=1_700_010_000.0,
+        compute_slow={20: step_change(0.05, 150)},
+    )
+    det = Detector()
+    det.add("18", generate(first))
+    events = _stragglers(list(det.advance(final=True)))
+    det.add("18", generate(second))
+    det.add("18", generate(first).take(np.arange(64)))  # a straggling record of attempt 0
+    events += _stragglers(list(det.advance(final=True)))
+    assert [(e.attempt, e.ranks) for e in events] == [(0, [10]), (1, [20])]
+
+
+finite = st.floats(min_value=0.0, max_value=1e6, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.integers(min_value=1, max_value=12),
+    st.lists(
+        st.tuples(
+            st.integers(0, 11),
+            st.integers(0, 40),
+            st.integers(0, 2),
+            finite,
+            finite,
+            st.one_of(st.none(), finite),
+            st.one_of(st.none(), finite),
+        ),
+        min_size=1,
+        max_size=300,
+    ),
+)
+def test_detector_never_raises_on_arbitrary_finite_input(
+    world: int, rows: list[tuple[int, int, int, float, float, float | None, float | None]]
+) -> None:
+    """Any finite records, in any order and shape, are accepted without an exception."""
+    nan = float("nan")
+    rows = [r for r in rows if r[0] < world]
+    if not rows:
+        return
+    batch = RecordBatch(
+        rank=np.array([r[0] for r in rows], dtype=np.int64),
+        step=np.array([r[1] for r in rows], dtype=np.int64),
+        attempt=np.array([r[2] for r in rows], dtype=np.int64),
+        gpu=np.zeros(len(rows), dtype=np.int64),
+        ts=np.array([1e9 + r[1] for r in rows], dtype=np.float64),
+        step_s=np.array([r[3] for r in rows]),
+        compute_s=np.array([r[4] for r in rows]),
+        comm_s=np.array([nan if r[5] is None else r[5] for r in rows]),
+        data_s=np.array([nan if r[6] is None else r[6] for r in rows]),
+        node=[f"n{r[0] // 4}" for r in rows],
+    )
+    det = Detector(DetectionParams(warmup_steps=2, min_world_size=2))
+    det.add("99", batch)
+    det.advance()
+    det.advance(final=True)
+    det.check_hangs(2e9)

@@ -1,0 +1,90 @@
+"""Node history: persistence needs several jobs, decays, and is forgiven."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_plugin.policy.history import (
+    HistoryParams,
+    Incident,
+    NodeHistory,
+    evaluate,
+    record_incident,
+)
+
+DAY = 86400.0
+P = HistoryParams(
+    incidents=3, distinct_jobs=2, window_s=7 * DAY, half_life_s=3 * DAY, forgive_after_s=14 * DAY
+)
+
+
+def _feed(incidents: list[Incident], params: HistoryParams = P) -> NodeHistory:
+    history = NodeHistory("n1")
+    for incident in incidents:
+        history = record_incident(history, incident, params).history
+    return history
+
+
+def test_one_job_alone_never_marks_a_node() -> None:
+    """Ten incidents from the same job leave the node suspect, not persistent."""
+    history = _feed([Incident("42", i * 60.0) for i in range(10)])
+    assert history.state == "suspect"
+
+
+def test_incidents_from_two_jobs_make_it_persistent() -> None:
+    """Three incidents in two jobs within the window: persistent, and said once."""
+    history = NodeHistory("n1")
+    transitions = []
+    for incident in (Incident("1", 0.0), Incident("1", DAY), Incident("2", 2 * DAY)):
+        t = record_incident(history, incident, P)
+        transitions.append(t.became_persistent)
+        history = t.history
+    assert transitions == [False, False, True]
+    assert history.state == "persistent"
+    assert history.persistent_since == 2 * DAY
+    assert record_incident(history, Incident("3", 3 * DAY), P).became_persistent is False
+
+
+def test_incidents_outside_the_window_do_not_count() -> None:
+    """Incidents older than the window drop out before counting."""
+    history = _feed([Incident("1", 0.0), Incident("2", 5 * DAY), Incident("3", 11 * DAY)])
+    assert history.state == "suspect"
+    assert len(history.incidents) == 2
+
+
+def test_input_incidents_are_ignored() -> None:
+    """Slow data loading says nothing about the node."""
+    history = _feed([Incident(str(j), j * 60.0, cause="input") for j in range(5)])
+    assert history.state == "ok"
+    assert history.incidents == ()
+
+
+def test_forgiven_after_a_quiet_period() -> None:
+    """A persistent node with no incident for the forgiveness period is cleared."""
+    history = _feed([Incident("1", 0.0), Incident("2", DAY), Incident("3", 2 * DAY)])
+    assert history.state == "persistent"
+    assert evaluate(history, 10 * DAY, P).history.state == "persistent"
+    t = evaluate(history, 2 * DAY + 14 * DAY, P)
+    assert t.forgiven
+    assert t.history.state == "ok"
+    assert t.history.forgiven == 1
+
+
+def test_decayed_score_and_distinct_users() -> None:
+    """The score halves every half-life; distinct_users counts users instead of jobs."""
+    history = _feed(
+        [Incident("1", 0.0, user="a"), Incident("2", 0.0, user="a"), Incident("3", 0.0, user="a")]
+    )
+    assert history.score(3 * DAY, P) == pytest.approx(1.5)
+    by_user = NodeHistory("n1")
+    for i in range(3):
+        by_user = record_incident(
+            by_user, Incident(str(i), 0.0, user="a"), P, distinct_users=True
+        ).history
+    assert by_user.state == "suspect"
+
+
+def test_parameters_forbid_single_job_persistence() -> None:
+    """distinct_jobs below 2 is refused: one job must never be enough."""
+    with pytest.raises(ValueError, match="distinct_jobs"):
+        HistoryParams(distinct_jobs=1)
