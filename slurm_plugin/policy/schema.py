@@ -39,6 +39,17 @@ class DetectionPolicy(_Strict):
         20.0, gt=0, description="Job-wide wait rise (% of step time) that is a sync stall."
     )
 
+    clip: float = Field(
+        6.0,
+        gt=0,
+        le=50,
+        description="Scores are clipped to +-clip sigma: one step's outlier never alarms alone. "
+        "Higher values detect huge slowdowns a step sooner but alarm on spikes.",
+    )
+    charts: int = Field(
+        3, ge=1, le=6, description="CUSUM charts per rank (references k, 2k, 4k...)."
+    )
+
     def params(self) -> DetectionParams:
         """The detector's parameters."""
         return DetectionParams(**self.model_dump())
