@@ -52,6 +52,19 @@ class Settings(BaseSettings):
     telemetry_buffer_records: int = Field(
         default=100_000, ge=100, description="Records a reporter keeps while Redis is away."
     )
+    policy_dir: Path = Field(
+        default=Path("/etc/slurm-straggler/policies"),
+        description="Directory of policy files (*.toml); the service re-reads it every cycle.",
+    )
+    default_policy: str = Field(
+        default="observe", description="Policy of jobs that do not choose one."
+    )
+    service_interval_s: float = Field(
+        default=2.0, gt=0, description="Seconds between service cycles."
+    )
+    metrics_port: int = Field(
+        default=0, ge=0, le=65535, description="Prometheus metrics port (0: no endpoint)."
+    )
     redis_timeout_s: float = Field(
         default=2.0, gt=0, description="Socket connect/read timeout for every Redis call, seconds."
     )

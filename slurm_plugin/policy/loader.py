@@ -34,3 +34,28 @@ def load_policy(path: Path) -> Policy:
         raise ConfigError(
             "; ".join(problems), path=path, field=".".join(str(p) for p in exc.errors()[0]["loc"])
         ) from exc
+
+
+DEFAULT_POLICY = "observe"
+
+
+def load_policies(directory: Path) -> dict[str, Policy]:
+    """Every ``*.toml`` policy of a directory by name; any invalid file is an error."""
+    if not directory.is_dir():
+        raise ConfigError("policy directory not found", path=directory)
+    policies = {}
+    for path in sorted(directory.glob("*.toml")):
+        policy = load_policy(path)
+        policies[policy.name] = policy
+    if not policies:
+        raise ConfigError("no policy files (*.toml)", path=directory)
+    return policies
+
+
+def policy_from_comment(comment: str) -> str | None:
+    """The policy a job chose with the ``--comment`` convention ``straggler:policy=NAME``."""
+    for part in comment.replace(";", " ").replace(",", " ").split():
+        if part.startswith("straggler:policy="):
+            name = part.split("=", 1)[1].strip()
+            return name or None
+    return None

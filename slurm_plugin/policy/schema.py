@@ -84,10 +84,53 @@ class ActionPolicy(_Strict):
 
     mode: Literal["off", "observe", "evict"] = Field(
         "observe",
-        description="off: nothing; observe: record and annotate; evict: requeue the "
-        "job without the straggler node.",
+        description="off: nothing; observe: record and annotate the job; evict: also requeue "
+        "the job without the straggler node.",
     )
-    drain_persistent: bool = Field(False, description="Drain persistent straggler nodes.")
+    drain_persistent: bool = Field(False, description="Drain nodes that become persistent.")
+    max_requeues: int = Field(2, ge=0, description="Most evictions of one job.")
+    cooldown_s: float = Field(
+        900.0, ge=0, description="Seconds after an eviction before the same job is evicted again."
+    )
+    when: Literal["now", "after_checkpoint"] = Field(
+        "after_checkpoint",
+        description="now, or right after the job's next checkpoint_end event (no work lost) if "
+        "the job reports checkpoints.",
+    )
+    max_wait_s: float = Field(
+        900.0, ge=0, description="Longest wait for a checkpoint before evicting anyway."
+    )
+    restart_cost_s: float = Field(
+        180.0,
+        ge=0,
+        description="Seconds a requeue costs beyond lost work: Slurm's requeue delay "
+        "(AuthInfo cred_expire, 120 s by default) plus start-up.",
+    )
+    assume_remaining_s: float = Field(
+        3600.0, gt=0, description="Remaining run assumed when the job has no time limit."
+    )
+
+
+class SafetyPolicy(_Strict):
+    """Bounds on everything the service does, whatever the detections say."""
+
+    max_evictions_per_hour: int = Field(10, ge=0, description="Cluster-wide eviction budget.")
+    max_partition_drained_fraction: float = Field(
+        0.05, ge=0, le=1, description="Never drain beyond this fraction of a partition."
+    )
+    min_spare_nodes: int = Field(
+        0,
+        ge=0,
+        description="Usable nodes that must remain in the partition beyond what the job needs "
+        "once the straggler is excluded (a slow job beats one that can never start).",
+    )
+    breaker_max_nodes: int = Field(
+        5,
+        ge=1,
+        description="Circuit breaker: more distinct straggler nodes than this within "
+        "breaker_window_s stops all actions until an admin resumes.",
+    )
+    breaker_window_s: float = Field(600.0, gt=0, description="Window of the circuit breaker.")
 
 
 class Policy(_Strict):
@@ -98,3 +141,4 @@ class Policy(_Strict):
     detection: DetectionPolicy = Field(default_factory=DetectionPolicy)
     persistence: PersistencePolicy = Field(default_factory=PersistencePolicy)
     actions: ActionPolicy = Field(default_factory=ActionPolicy)
+    safety: SafetyPolicy = Field(default_factory=SafetyPolicy)

@@ -83,7 +83,18 @@ def job_events(job_id: str) -> str:
 
 def job_keys(job_id: str) -> list[str]:
     """Every key of one job (for expiry and clean-up)."""
-    return [job_meta(job_id), job_steps(job_id), job_gpu(job_id), job_events(job_id)]
+    return [
+        job_meta(job_id),
+        job_steps(job_id),
+        job_gpu(job_id),
+        job_events(job_id),
+        job_service(job_id),
+    ]
+
+
+def job_service(job_id: str) -> str:
+    """Hash: the service's own state for a job (cursors, evictions, waiting decision)."""
+    return _job(job_id, "service")
 
 
 def node(name: str) -> str:
@@ -106,6 +117,9 @@ def decision(decision_id: str) -> str:
 
 
 DECISIONS = f"{PREFIX}decisions"
+DECISIONS_OPEN = f"{PREFIX}decisions:open"
+BREAKER = f"{PREFIX}breaker"
+SERVICE_JOBS = f"{PREFIX}service:jobs"
 PAUSE = f"{PREFIX}pause"
 LEADER = f"{PREFIX}leader"
 HEARTBEAT = f"{PREFIX}heartbeat"

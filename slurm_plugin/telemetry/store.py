@@ -32,7 +32,12 @@ RedisClient = redis.Redis | RedisCluster
 
 
 def connect(
-    url: str, *, timeout_s: float = 2.0, cluster: bool = False, retries: int = 1
+    url: str,
+    *,
+    timeout_s: float = 2.0,
+    cluster: bool = False,
+    retries: int = 1,
+    decode: bool = False,
 ) -> RedisClient:
     """A client for ``url`` (``redis://`` or ``rediss://``); a cluster client when asked.
 
@@ -44,6 +49,7 @@ def connect(
         "socket_timeout": timeout_s,
         "socket_connect_timeout": timeout_s,
         "retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
+        "decode_responses": decode,
     }
     try:
         if cluster:

@@ -1,0 +1,143 @@
+"""The decision engine (pure): given a detection, the job, the cluster and the policy, what
+to do and why. Every reason and both goodput numbers go into the decision record."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from slurm_plugin.detection.events import StragglerEvent
+from slurm_plugin.policy.schema import Policy
+from slurm_plugin.slurm.model import JobInfo, NodeInfo
+
+Action = Literal["evict", "wait", "annotate", "none"]
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What the service knows about a job beyond Slurm's view."""
+
+    evictions: int = 0
+    last_eviction_ts: float | None = None
+    last_checkpoint_ts: float | None = None
+    reports_checkpoints: bool = False
+    waiting_since: float | None = None
+
+
+@dataclass(frozen=True)
+class ClusterContext:
+    """Cluster-wide state the safety rails need."""
+
+    nodes: tuple[NodeInfo, ...] = ()
+    evictions_last_hour: int = 0
+    paused: bool = False
+    breaker_open: bool = False
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The verdict on one detection."""
+
+    action: Action
+    node: str
+    reasons: list[str] = field(default_factory=list)
+    saved_s: float | None = None
+    cost_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+def goodput(
+    event: StragglerEvent, job: JobInfo, ctx: JobContext, policy: Policy, now: float
+) -> tuple[float, float]:
+    """(expected seconds saved by evicting, seconds the restart costs)."""
+    if job.time_limit_s is not None and job.start_time is not None:
+        remaining = max(0.0, job.start_time + job.time_limit_s - now)
+    else:
+        remaining = policy.actions.assume_remaining_s
+    slowdown = max(0.0, event.slowdown_pct) / 100.0
+    saved = remaining * slowdown / (1.0 + slowdown)
+    since = ctx.last_checkpoint_ts if ctx.last_checkpoint_ts is not None else job.start_time
+    lost = max(0.0, now - since) if since is not None else 0.0
+    return saved, policy.actions.restart_cost_s + lost
+
+
+def _usable_after_exclusion(job: JobInfo, node: str, nodes: tuple[NodeInfo, ...]) -> int:
+    excluded = {*job.excluded, node}
+    return sum(
+        1 for n in nodes if job.partition in n.partitions and n.usable and n.name not in excluded
+    )
+
+
+def _blockers(
+    event: StragglerEvent,
+    job: JobInfo,
+    policy: Policy,
+    ctx: JobContext,
+    cluster: ClusterContext,
+    now: float,
+) -> list[str]:
+    """Every reason not to evict now (empty: evicting is allowed)."""
+    node = event.node
+    reasons: list[str] = []
+    if policy.actions.mode == "observe":
+        reasons.append("policy observes only")
+    if not job.requeue:
+        reasons.append("job is not requeueable (--no-requeue)")
+    if not job.running:
+        reasons.append(f"job is {job.state.lower()}, not running")
+    if ctx.evictions >= policy.actions.max_requeues:
+        reasons.append(f"already evicted {ctx.evictions} times (max {policy.actions.max_requeues})")
+    if ctx.last_eviction_ts is not None and now - ctx.last_eviction_ts < policy.actions.cooldown_s:
+        reasons.append(f"cooldown: last eviction {now - ctx.last_eviction_ts:.0f} s ago")
+    needed = job.node_count + policy.safety.min_spare_nodes
+    left = _usable_after_exclusion(job, node, cluster.nodes)
+    if left < needed:
+        reasons.append(
+            f"excluding {node} would leave {left} usable nodes in partition "
+            f"{job.partition}; the job needs {needed}"
+        )
+    if cluster.evictions_last_hour >= policy.safety.max_evictions_per_hour:
+        reasons.append(f"eviction budget spent ({cluster.evictions_last_hour} in the last hour)")
+    if cluster.paused:
+        reasons.append("service paused by an admin")
+    if cluster.breaker_open:
+        reasons.append("circuit breaker open: too many straggler nodes at once")
+    return reasons
+
+
+def decide(
+    event: StragglerEvent,
+    job: JobInfo,
+    policy: Policy,
+    ctx: JobContext,
+    cluster: ClusterContext,
+    now: float,
+) -> Decision:
+    """What to do about ``event`` on ``job`` under ``policy``."""
+    node = event.node
+    if policy.actions.mode == "off":
+        return Decision("none", node, ["policy is off"])
+    if event.cause != "compute":
+        return Decision("annotate", node, ["input-bound (slow data loading): report only"])
+    if node not in job.nodes:
+        return Decision("none", node, [f"{node} is not one of the job's nodes"])
+    saved, cost = goodput(event, job, ctx, policy, now)
+    reasons = _blockers(event, job, policy, ctx, cluster, now)
+    if saved <= cost:
+        reasons.append(f"goodput: evicting saves {saved:.0f} s but costs {cost:.0f} s")
+    if reasons:
+        return Decision("annotate", node, reasons, saved, cost)
+    waited = now - ctx.waiting_since if ctx.waiting_since is not None else 0.0
+    if policy.actions.when == "after_checkpoint" and ctx.reports_checkpoints:
+        if waited < policy.actions.max_wait_s:
+            return Decision("wait", node, ["waiting for the job's next checkpoint"], saved, cost)
+        reasons.append(f"no checkpoint within {policy.actions.max_wait_s:.0f} s: evicting")
+    action: Action = "annotate" if cluster.dry_run else "evict"
+    reasons += ["dry run"] if cluster.dry_run else []
+    return Decision(
+        action, node, [*reasons, f"goodput: saves {saved:.0f} s, costs {cost:.0f} s"], saved, cost
+    )

@@ -1,0 +1,1 @@
+"""The policy service: read telemetry, detect, decide, act on Slurm, verify, audit."""

@@ -1,0 +1,431 @@
+"""``straggler serve``: read telemetry, detect, decide, act, verify, audit — every cycle.
+
+One instance leads (a Redis lock); others wait as hot standbys. Policies are re-read every
+cycle and the last good set is kept when a file breaks. A failing cycle is logged with its
+context and the next one runs anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import redis
+import structlog
+
+from slurm_plugin.config import Settings
+from slurm_plugin.detection import Detector, Event, RecordBatch, StragglerEvent
+from slurm_plugin.errors import StragglerError
+from slurm_plugin.policy.decide import ClusterContext, JobContext, decide
+from slurm_plugin.policy.history import Incident, record_incident
+from slurm_plugin.policy.loader import load_policies, policy_from_comment
+from slurm_plugin.policy.schema import Policy
+from slurm_plugin.service.executor import Executor
+from slurm_plugin.service.metrics import Metrics
+from slurm_plugin.service.state import ServiceState
+from slurm_plugin.slurm import marks
+from slurm_plugin.slurm.model import JobInfo, NodeInfo
+from slurm_plugin.slurm.scheduler import Scheduler
+from slurm_plugin.telemetry import keys
+from slurm_plugin.telemetry.records import decode_json_entry
+from slurm_plugin.telemetry.store import TelemetryStore
+
+log = structlog.get_logger(__name__)
+_MAX_ENTRIES_PER_JOB = 20_000
+
+
+@dataclass
+class CycleReport:
+    """What one cycle saw and did."""
+
+    leader: bool = False
+    jobs: int = 0
+    ranks: int = 0
+    records: int = 0
+    ignored_records: int = 0
+    events: list[dict[str, Any]] = field(default_factory=list)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    duration_s: float = 0.0
+    error: str | None = None
+
+
+class Service:
+    """The policy service; :meth:`cycle` is one pass, :meth:`run` loops."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        scheduler: Scheduler,
+        state: ServiceState,
+        store: TelemetryStore,
+        *,
+        dry_run: bool = False,
+        clock: Callable[[], float] = time.time,
+        instance: str | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.slurm = scheduler
+        self.state = state
+        self.store = store
+        self.dry_run = dry_run
+        self.clock = clock
+        self.instance = instance or f"{socket.gethostname()}:{os.getpid()}"
+        self.metrics = metrics or Metrics()
+        self.executor = Executor(scheduler, state, clock=clock)
+        self.policies: dict[str, Policy] = {}
+        self._detectors: dict[str, Detector] = {}
+        self._job_policy: dict[str, str] = {}
+        self._recovered = False
+        self._flagged: list[tuple[float, str]] = []
+
+    # -- policies ---------------------------------------------------------------------------
+    def reload_policies(self) -> None:
+        """Re-read the policy directory; keep the last good set when it is broken."""
+        try:
+            self.policies = load_policies(self.settings.policy_dir)
+        except StragglerError as exc:
+            if not self.policies:
+                raise
+            log.warning("service.policies_invalid", error=str(exc), kept=sorted(self.policies))
+
+    def policy_for(self, job: JobInfo) -> Policy:
+        """The job's policy: its registration, its comment, else the cluster default."""
+        meta = self.state.job_meta(job.job_id)
+        wanted = meta.get("policy") or policy_from_comment(job.comment) or ""
+        if wanted in self.policies:
+            return self.policies[wanted]
+        if wanted:
+            log.warning("service.unknown_policy", job_id=job.job_id, policy=wanted[:40])
+        return self.policies[self.settings.default_policy]
+
+    # -- one cycle ----------------------------------------------------------------------------
+    def cycle(self) -> CycleReport:
+        """One pass; never raises (the error is in the report and the log)."""
+        started = time.monotonic()
+        report = CycleReport()
+        try:
+            self._cycle(report)
+        except (StragglerError, redis.RedisError, OSError) as exc:
+            report.error = f"{type(exc).__name__}: {exc}"
+            self.metrics.errors.labels(system=type(exc).__name__).inc()
+            log.exception("service.cycle_failed", error=report.error)
+        report.duration_s = time.monotonic() - started
+        self.metrics.cycle_seconds.observe(report.duration_s)
+        return report
+
+    def _cycle(self, report: CycleReport) -> None:
+        now = self.clock()
+        report.leader = self.state.lead(
+            self.instance, ttl_s=max(10.0, 5 * self.settings.service_interval_s)
+        )
+        if not report.leader:
+            return
+        self.reload_policies()
+        if not self._recovered:
+            self.executor.recover()
+            self._recovered = True
+        jobs = self.slurm.jobs()
+        running = {j.job_id: j for j in jobs if j.running}
+        nodes = tuple(self.slurm.nodes())
+        for job_id in list(self._job_policy):
+            if job_id not in running:
+                self._detectors[self._job_policy.pop(job_id)].forget(job_id)
+        for job in running.values():
+            policy = self.policy_for(job)
+            if policy.actions.mode == "off":
+                continue
+            self._job_policy[job.job_id] = policy.name
+            detector = self._detectors.setdefault(policy.name, Detector(policy.detection.params()))
+            self._ingest(job, detector, report)
+            self._read_events(job)
+        report.jobs = len(self._job_policy)
+        events: list[Event] = []
+        for detector in self._detectors.values():
+            events += detector.advance()
+            events += detector.check_hangs(now, only=list(running))
+        for event in events:
+            target = running.get(event.job_id)
+            if target is not None:
+                report.events.append(event.to_dict())
+                report.decisions.append(self._handle(event, target, nodes, now))
+        for job in running.values():
+            self._resume_waiting(job, nodes, now, report)
+        self.metrics.jobs.set(report.jobs)
+        self.metrics.ranks.set(report.ranks)
+        self.state.heartbeat(
+            self.instance, {"jobs": report.jobs, "ranks": report.ranks, "records": report.records}
+        )
+
+    def _ingest(self, job: JobInfo, detector: Detector, report: CycleReport) -> None:
+        js = self.state.job(job.job_id)
+        cursor = js.get("steps_cursor", "0-0")
+        allowed = set(job.nodes)
+        records = []
+        for _ in range(_MAX_ENTRIES_PER_JOB // 1000):
+            page = self.store.read_steps(job.job_id, cursor, count=1000)
+            records += page.records
+            if page.last_id == cursor:
+                break
+            cursor = page.last_id
+        self.state.update_job(job.job_id, steps_cursor=cursor)
+        kept = [r for r in records if r.node in allowed]
+        report.ignored_records += len(records) - len(kept)
+        report.records += len(kept)
+        report.ranks += len({r.rank for r in kept})
+        if kept:
+            detector.add(job.job_id, RecordBatch.from_records(kept))
+
+    def _read_events(self, job: JobInfo) -> None:
+        js = self.state.job(job.job_id)
+        cursor = js.get("events_cursor", "0-0")
+        entries = cast(
+            "list[tuple[Any, dict[Any, Any]]]",
+            self.store.client.xrange(keys.job_events(job.job_id), min=f"({cursor}", count=1000),
+        )
+        last_ckpt = None
+        for entry_id, fields in entries:
+            cursor = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+            try:
+                event = decode_json_entry(
+                    {
+                        (k.decode() if isinstance(k, bytes) else k): (
+                            v.decode() if isinstance(v, bytes) else v
+                        )
+                        for k, v in fields.items()
+                    }
+                )
+            except StragglerError:
+                continue
+            if event.get("name") == "checkpoint_end":
+                last_ckpt = float(event.get("ts", self.clock()))
+        update: dict[str, Any] = {"events_cursor": cursor}
+        if last_ckpt is not None:
+            update.update(last_checkpoint_ts=f"{last_ckpt:.3f}", reports_checkpoints="1")
+        self.state.update_job(job.job_id, **update)
+
+    # -- decisions ----------------------------------------------------------------------------
+    def _context(self, job: JobInfo) -> JobContext:
+        js = self.state.job(job.job_id)
+
+        def num(key: str) -> float | None:
+            return float(js[key]) if js.get(key) else None
+
+        return JobContext(
+            evictions=int(js.get("evictions", "0") or 0),
+            last_eviction_ts=num("last_eviction_ts"),
+            last_checkpoint_ts=num("last_checkpoint_ts"),
+            reports_checkpoints=js.get("reports_checkpoints") == "1",
+            waiting_since=num("waiting_since"),
+        )
+
+    def _cluster(self, nodes: tuple[NodeInfo, ...], now: float) -> ClusterContext:
+        return ClusterContext(
+            nodes=nodes,
+            evictions_last_hour=self.state.evictions_since(now - 3600),
+            paused=self.state.paused() is not None,
+            breaker_open=self.state.breaker() is not None,
+            dry_run=self.dry_run,
+        )
+
+    def _handle(
+        self, event: Event, job: JobInfo, nodes: tuple[NodeInfo, ...], now: float
+    ) -> dict[str, Any]:
+        policy = self.policy_for(job)
+        decision_id = marks.new_decision_id()
+        base: dict[str, Any] = {
+            "job_id": job.job_id,
+            "policy": policy.name,
+            "kind": event.kind,
+            "detected_ts": f"{event.ts:.3f}",
+            "step": event.step,
+        }
+        self.metrics.detections.labels(
+            kind=event.kind, cause=getattr(event, "cause", event.kind)
+        ).inc()
+        if not isinstance(event, StragglerEvent):
+            text = f"{marks.PREFIX} {event.kind} at step {event.step} [{decision_id}]"
+            self.state.save_decision(
+                decision_id,
+                {**base, "state": "recorded", "action": "report", "details": event.to_dict()},
+            )
+            self._annotate(job, text, policy)
+            return {"id": decision_id, "action": "report", "kind": event.kind}
+        self._remember(event, job, policy, nodes, now)
+        decision = decide(event, job, policy, self._context(job), self._cluster(nodes, now), now)
+        record = {
+            **base,
+            "node": event.node,
+            "cause": event.cause,
+            "scope": event.scope,
+            "slowdown_pct": event.slowdown_pct,
+            "score": event.score,
+            "ranks": event.ranks[:32],
+            "decision": decision.action,
+            "reasons": decision.reasons,
+            "saved_s": _round(decision.saved_s),
+            "cost_s": _round(decision.cost_s),
+        }
+        mark = marks.reason(
+            f"{event.cause} {event.node}",
+            f"+{event.slowdown_pct:.1f}% {decision.action}",
+            decision_id,
+        )
+        log.info(
+            "service.decision",
+            decision_id=decision_id,
+            job_id=job.job_id,
+            node=event.node,
+            action=decision.action,
+            reasons=decision.reasons,
+        )
+        if decision.action == "evict":
+            self._annotate(job, mark, policy)
+            outcome = self.executor.evict(decision_id, job, event.node, **record)
+            self.state.update_job(
+                job.job_id,
+                evictions=self._context(job).evictions + 1,
+                last_eviction_ts=f"{now:.3f}",
+                waiting="",
+            )
+            self.metrics.actions.labels(action="evict", outcome=outcome).inc()
+            self.metrics.decision_seconds.observe(max(0.0, self.clock() - event.ts))
+            return {"id": decision_id, "action": "evict", "outcome": outcome}
+        if decision.action == "wait":
+            self.state.save_decision(decision_id, {**record, "state": "waiting"})
+            self.state.update_job(job.job_id, waiting=decision_id, waiting_since=f"{now:.3f}")
+            return {"id": decision_id, "action": "wait"}
+        self.state.save_decision(decision_id, {**record, "state": "recorded"})
+        if decision.action == "annotate":
+            self._annotate(job, mark, policy)
+        return {"id": decision_id, "action": decision.action, "reasons": decision.reasons}
+
+    def _resume_waiting(
+        self, job: JobInfo, nodes: tuple[NodeInfo, ...], now: float, report: CycleReport
+    ) -> None:
+        js = self.state.job(job.job_id)
+        decision_id = js.get("waiting")
+        if not decision_id:
+            return
+        rec = self.state.decision(decision_id)
+        ctx = self._context(job)
+        policy = self.policy_for(job)
+        checkpointed = (ctx.last_checkpoint_ts or 0) >= (ctx.waiting_since or now)
+        expired = now - (ctx.waiting_since or now) >= policy.actions.max_wait_s
+        if not (checkpointed or expired):
+            return
+        event = StragglerEvent(
+            job_id=job.job_id,
+            node=rec.get("node", ""),
+            gpu=None,
+            ranks=[],
+            step=int(rec.get("step", "0")),
+            ts=now,
+            score=0.0,
+            slowdown_pct=float(rec.get("slowdown_pct", "0")),
+            cause="compute",
+            scope="gpu",
+        )
+        again = decide(
+            event,
+            job,
+            policy,
+            JobContext(**{**ctx.__dict__, "reports_checkpoints": False}),
+            self._cluster(nodes, now),
+            now,
+        )
+        self.state.update_job(job.job_id, waiting="")
+        if again.action != "evict":
+            self.state.save_decision(
+                decision_id,
+                {"state": "recorded", "decision": again.action, "reasons": again.reasons},
+            )
+            return
+        outcome = self.executor.evict(
+            decision_id, job, event.node, after="checkpoint" if checkpointed else "max wait"
+        )
+        self.state.update_job(
+            job.job_id, evictions=ctx.evictions + 1, last_eviction_ts=f"{now:.3f}"
+        )
+        report.decisions.append({"id": decision_id, "action": "evict", "outcome": outcome})
+
+    def _annotate(self, job: JobInfo, text: str, policy: Policy) -> None:
+        if self.dry_run or policy.actions.mode == "off":
+            return
+        try:
+            self.executor.annotate(job, text)
+        except StragglerError as exc:
+            log.warning("service.annotate_failed", job_id=job.job_id, error=str(exc))
+
+    def _remember(
+        self,
+        event: StragglerEvent,
+        job: JobInfo,
+        policy: Policy,
+        nodes: tuple[NodeInfo, ...],
+        now: float,
+    ) -> None:
+        """Node history, persistent-straggler drain and the circuit breaker."""
+        transition = record_incident(
+            self.state.node_history(event.node),
+            Incident(job.job_id, now, event.slowdown_pct, event.cause, job.user),
+            policy.persistence.params(),
+            distinct_users=policy.persistence.distinct_users,
+        )
+        self.state.save_node_history(transition.history)
+        if event.cause == "compute":
+            window = policy.safety.breaker_window_s
+            self._flagged = [(t, n) for t, n in self._flagged if now - t < window]
+            self._flagged.append((now, event.node))
+            distinct = {n for _, n in self._flagged}
+            if len(distinct) > policy.safety.breaker_max_nodes and self.state.breaker() is None:
+                why = (
+                    f"{len(distinct)} straggler nodes within {window:.0f} s (max "
+                    f"{policy.safety.breaker_max_nodes}); `straggler resume` to act again"
+                )
+                self.state.open_breaker(why)
+                log.error("service.breaker_open", why=why)
+        if not (transition.became_persistent and policy.actions.drain_persistent):
+            return
+        if self.dry_run or self.state.paused() or self.state.breaker():
+            return
+        node = next((n for n in nodes if n.name == event.node), None)
+        if node is None or not node.usable:
+            return
+        members = [n for n in nodes if set(n.partitions) & set(node.partitions)]
+        drained = sum(1 for n in members if not n.usable)
+        if (drained + 1) / max(1, len(members)) > policy.safety.max_partition_drained_fraction:
+            log.warning(
+                "service.drain_refused", node=event.node, reason="partition drain limit reached"
+            )
+            return
+        decision_id = marks.new_decision_id()
+        reason = marks.reason("persistent", "; ".join(transition.reasons), decision_id)
+        self.executor.drain(decision_id, event.node, reason, job_id=job.job_id)
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self, *, once: bool = False, stop: threading.Event | None = None) -> None:
+        """Cycle every ``service_interval_s`` until stopped."""
+        stop = stop or threading.Event()
+        while True:
+            report = self.cycle()
+            log.info(
+                "service.cycle",
+                leader=report.leader,
+                jobs=report.jobs,
+                records=report.records,
+                events=len(report.events),
+                duration_s=round(report.duration_s, 4),
+                error=report.error,
+            )
+            if once or stop.wait(self.settings.service_interval_s):
+                return
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)

@@ -1,0 +1,66 @@
+"""Prometheus metrics (the ``metrics`` extra); a silent stand-in when it is not installed."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+class _Null:
+    def labels(self, *_a: Any, **_k: Any) -> _Null:
+        return self
+
+    def inc(self, *_a: Any) -> None:
+        return None
+
+    def set(self, *_a: Any) -> None:
+        return None
+
+    def observe(self, *_a: Any) -> None:
+        return None
+
+
+class Metrics:
+    """The service's metrics; every attribute works whether or not prometheus is there."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.enabled = False
+        null = _Null()
+        self.jobs: Any = null
+        self.ranks: Any = null
+        self.detections: Any = null
+        self.actions: Any = null
+        self.cycle_seconds: Any = null
+        self.decision_seconds: Any = null
+        self.errors: Any = null
+        if not port:
+            return
+        try:
+            prom = importlib.import_module("prometheus_client")
+        except ImportError:
+            log.warning("metrics.unavailable", detail="pip install 'slurm-straggler[metrics]'")
+            return
+        registry = prom.CollectorRegistry()
+        self.jobs = prom.Gauge("straggler_jobs_watched", "Running jobs watched", registry=registry)
+        self.ranks = prom.Gauge("straggler_ranks_watched", "Ranks reporting", registry=registry)
+        self.detections = prom.Counter(
+            "straggler_detections_total", "Detections", ["kind", "cause"], registry=registry
+        )
+        self.actions = prom.Counter(
+            "straggler_actions_total", "Actions", ["action", "outcome"], registry=registry
+        )
+        self.cycle_seconds = prom.Histogram(
+            "straggler_cycle_seconds", "Cycle duration", registry=registry
+        )
+        self.decision_seconds = prom.Histogram(
+            "straggler_decision_seconds", "Detection to action", registry=registry
+        )
+        self.errors = prom.Counter(
+            "straggler_errors_total", "Errors", ["system"], registry=registry
+        )
+        prom.start_http_server(port, registry=registry)
+        self.enabled = True

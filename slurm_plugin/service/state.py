@@ -1,0 +1,175 @@
+"""The service's state in Redis: decisions and audit, node history, per-job state, pause,
+circuit breaker, leader lock and heartbeat. One class, so every key goes through keys.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from typing import Any, cast
+
+import structlog
+
+from slurm_plugin.policy.history import Incident, NodeHistory
+from slurm_plugin.telemetry import keys
+from slurm_plugin.telemetry.store import RedisClient
+
+log = structlog.get_logger(__name__)
+OPEN_STATES = {"planned", "held", "excluded", "released", "waiting"}
+
+
+class ServiceState:
+    """Redis-backed state; the client must decode responses to text."""
+
+    def __init__(self, client: RedisClient, clock: Any = time.time) -> None:
+        self.r = client
+        self.clock = clock
+
+    # -- decisions and audit -----------------------------------------------------------------
+    def save_decision(self, decision_id: str, fields: dict[str, Any]) -> None:
+        """Create or update a decision; every change is appended to the audit stream."""
+        now = self.clock()
+        flat = {
+            k: json.dumps(v) if isinstance(v, list | dict) else str(v)
+            for k, v in fields.items()
+            if v is not None
+        }
+        flat["updated_at"] = f"{now:.3f}"
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(keys.decision(decision_id), mapping=cast("dict[Any, Any]", flat))
+        state = fields.get("state")
+        if state in OPEN_STATES:
+            pipe.sadd(keys.DECISIONS_OPEN, decision_id)
+        elif state is not None:
+            pipe.srem(keys.DECISIONS_OPEN, decision_id)
+        entry: dict[Any, Any] = {"id": decision_id, **flat}
+        pipe.xadd(
+            keys.DECISIONS,
+            entry,
+            maxlen=keys.DECISIONS_MAXLEN,
+            approximate=True,
+        )
+        pipe.execute()
+
+    def decision(self, decision_id: str) -> dict[str, str]:
+        """One decision's fields."""
+        return cast("dict[str, str]", self.r.hgetall(keys.decision(decision_id)))
+
+    def open_decisions(self) -> list[dict[str, str]]:
+        """Decisions that have not reached a final state."""
+        ids = sorted(cast("set[str]", self.r.smembers(keys.DECISIONS_OPEN)))
+        return [{"id": i, **self.decision(i)} for i in ids]
+
+    def audit(
+        self, since: float = 0.0, job_id: str | None = None, count: int = 1000
+    ) -> list[dict[str, str]]:
+        """Audit entries (every state change), oldest first."""
+        entries = cast(
+            "list[tuple[str, dict[str, str]]]",
+            self.r.xrange(keys.DECISIONS, min=f"{int(since * 1000)}-0", count=count),
+        )
+        out = [fields for _, fields in entries]
+        return [e for e in out if job_id is None or e.get("job_id") == job_id]
+
+    def evictions_since(self, since: float) -> int:
+        """Evictions started since ``since`` (for the hourly budget)."""
+        return sum(1 for e in self.audit(since) if e.get("state") == "held")
+
+    # -- per-job state -------------------------------------------------------------------------
+    def job(self, job_id: str) -> dict[str, str]:
+        """The service's state for a job (cursors, evictions...)."""
+        return cast("dict[str, str]", self.r.hgetall(keys.job_service(job_id)))
+
+    def update_job(self, job_id: str, **fields: Any) -> None:
+        """Merge fields into the job's service state."""
+        key = keys.job_service(job_id)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
+        pipe.expire(key, keys.JOB_TTL_ACTIVE_S)
+        pipe.execute()
+
+    def job_meta(self, job_id: str) -> dict[str, str]:
+        """The job's registration (prolog), if any."""
+        return cast("dict[str, str]", self.r.hgetall(keys.job_meta(job_id)))
+
+    # -- nodes -----------------------------------------------------------------------------------
+    def node_history(self, node: str) -> NodeHistory:
+        """A node's history (empty when unknown or unreadable)."""
+        raw = cast("str | None", self.r.hget(keys.node(node), "history"))
+        if not raw:
+            return NodeHistory(node)
+        try:
+            data = json.loads(raw)
+            incidents = tuple(Incident(**i) for i in data.pop("incidents", []))
+            return NodeHistory(
+                node=node, incidents=incidents, **{k: v for k, v in data.items() if k != "node"}
+            )
+        except (ValueError, TypeError):
+            return NodeHistory(node)
+
+    def save_node_history(self, history: NodeHistory) -> None:
+        """Persist a node's history and its state for quick listing."""
+        data = asdict(history)
+        self.r.hset(
+            keys.node(history.node),
+            mapping={
+                "history": json.dumps(data),
+                "state": history.state,
+                "score_ts": f"{self.clock():.0f}",
+            },
+        )
+
+    def nodes(self) -> list[NodeHistory]:
+        """Every node with a history."""
+        found = []
+        for key in self.r.scan_iter(match=f"{keys.PREFIX}node:*", count=500):
+            name = str(key).split(":", 2)[2]
+            try:
+                found.append(self.node_history(name))
+            except Exception as exc:  # noqa: BLE001 - a bad key must not hide the others
+                log.warning("state.bad_node_key", key=str(key)[:80], error=str(exc))
+        return sorted(found, key=lambda h: h.node)
+
+    # -- switches --------------------------------------------------------------------------------
+    def pause(self, seconds: float, who: str = "") -> None:
+        """Stop all actions for ``seconds`` (detection and audit go on)."""
+        self.r.set(keys.PAUSE, json.dumps({"by": who, "at": self.clock()}), px=int(seconds * 1000))
+
+    def paused(self) -> float | None:
+        """Seconds of pause left, or None."""
+        ttl = int(self.r.pttl(keys.PAUSE))
+        return ttl / 1000.0 if ttl and ttl > 0 else None
+
+    def open_breaker(self, why: str) -> None:
+        """Stop all actions until an admin resumes."""
+        self.r.set(keys.BREAKER, json.dumps({"why": why, "at": self.clock()}))
+
+    def breaker(self) -> str | None:
+        """Why the circuit breaker is open, or None."""
+        raw = cast("str | None", self.r.get(keys.BREAKER))
+        return json.loads(raw)["why"] if raw else None
+
+    def resume(self) -> None:
+        """Lift a pause and close the circuit breaker."""
+        self.r.delete(keys.PAUSE, keys.BREAKER)
+
+    # -- leadership --------------------------------------------------------------------------
+    def lead(self, instance: str, ttl_s: float) -> bool:
+        """Take or keep the leader lock; True when ``instance`` leads."""
+        if self.r.set(keys.LEADER, instance, nx=True, px=int(ttl_s * 1000)):
+            return True
+        if self.r.get(keys.LEADER) == instance:
+            self.r.pexpire(keys.LEADER, int(ttl_s * 1000))
+            return True
+        return False
+
+    def heartbeat(self, instance: str, info: dict[str, Any]) -> None:
+        """Say we are alive (read by `straggler status`)."""
+        self.r.set(
+            keys.HEARTBEAT, json.dumps({"instance": instance, "ts": self.clock(), **info}), ex=300
+        )
+
+    def last_heartbeat(self) -> dict[str, Any] | None:
+        """The last heartbeat, if any."""
+        raw = cast("str | None", self.r.get(keys.HEARTBEAT))
+        return cast("dict[str, Any]", json.loads(raw)) if raw else None

@@ -1,0 +1,55 @@
+"""What we know about Slurm jobs and nodes (frozen values, built by the parsers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One job as Slurm reports it."""
+
+    job_id: str
+    name: str
+    state: str
+    reason: str
+    nodes: tuple[str, ...]
+    excluded: tuple[str, ...]
+    restarts: int
+    requeue: bool
+    comment: str
+    admin_comment: str
+    partition: str
+    node_count: int
+    user: str
+    time_limit_s: float | None = None
+    start_time: float | None = None
+
+    @property
+    def running(self) -> bool:
+        """Running and past its prolog."""
+        return self.state == "RUNNING" and self.reason != "Prolog"
+
+    @property
+    def held(self) -> bool:
+        """Held by a user or admin (``requeuehold`` leaves it so)."""
+        return self.state == "PENDING" and self.reason in {"JobHeldUser", "JobHeldAdmin"}
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node as Slurm reports it."""
+
+    name: str
+    state: str
+    flags: tuple[str, ...]
+    reason: str
+    partitions: tuple[str, ...]
+
+    @property
+    def usable(self) -> bool:
+        """Can take jobs: not down, drained, draining or failing."""
+        bad = {"DRAIN", "DRAINED", "DRAINING", "FAIL", "NOT_RESPONDING", "MAINTENANCE"}
+        return self.state not in {"down", "drained", "fail", "unknown"} and not (
+            bad & set(self.flags)
+        )
