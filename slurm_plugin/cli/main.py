@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from slurm_plugin._version import __version__
+from slurm_plugin.cli.admin import COMMANDS as ADMIN_COMMANDS
 from slurm_plugin.cli.backtest import backtest
 from slurm_plugin.cli.devcluster import devcluster
 from slurm_plugin.cli.output import emit_json, emit_table
@@ -82,8 +83,14 @@ cli.add_command(backtest)
 cli.add_command(devcluster)
 cli.add_command(export)
 cli.add_command(sidecar)
+for _command in ADMIN_COMMANDS:
+    cli.add_command(_command)
 
 
 def main() -> None:
     """Console-script entry point."""
     cli(prog_name="straggler")
+
+
+if __name__ == "__main__":
+    main()

@@ -41,17 +41,20 @@ class Executor:
         self.sleep = sleep
 
     # -- eviction -------------------------------------------------------------------------------
-    def evict(self, decision_id: str, job: JobInfo, node: str, **record: object) -> str:
-        """Requeue ``job`` excluding ``node``; returns the final state."""
+    def evict(
+        self, decision_id: str, job: JobInfo, node: str, record: dict[str, object] | None = None
+    ) -> str:
+        """Requeue ``job`` excluding ``node``; returns the final state. ``record`` adds the
+        decision's context (cause, reasons, goodput) to the persisted decision."""
         self.state.save_decision(
             decision_id,
             {
+                **(record or {}),
                 "state": "planned",
                 "action": "evict",
                 "job_id": job.job_id,
                 "node": node,
                 "restarts_before": job.restarts,
-                **record,
             },
         )
         try:
@@ -76,8 +79,7 @@ class Executor:
         except SlurmError as exc:
             error = f"exclude: {exc}"
         try:
-            if self.slurm.job(job_id).held:
-                self.slurm.release(job_id)
+            self.slurm.release(job_id)  # idempotent: harmless on a job that is not held
             self.state.save_decision(decision_id, {"state": "released"})
         except SlurmError as exc:
             error = error or f"release: {exc}"
@@ -159,11 +161,19 @@ class Executor:
             text = f"{keep} | {text}"
         self.slurm.annotate(job.job_id, text[:250])
 
-    def drain(self, decision_id: str, node: str, reason: str, **record: object) -> str:
+    def drain(
+        self, decision_id: str, node: str, reason: str, record: dict[str, object] | None = None
+    ) -> str:
         """Drain ``node`` with our reason (persisted first)."""
         self.state.save_decision(
             decision_id,
-            {"state": "planned", "action": "drain", "node": node, "reason": reason, **record},
+            {
+                **(record or {}),
+                "state": "planned",
+                "action": "drain",
+                "node": node,
+                "reason": reason,
+            },
         )
         try:
             self.slurm.drain(node, reason)

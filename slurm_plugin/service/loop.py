@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import redis
 import structlog
 
 from slurm_plugin.config import Settings
@@ -111,7 +110,7 @@ class Service:
         report = CycleReport()
         try:
             self._cycle(report)
-        except (StragglerError, redis.RedisError, OSError) as exc:
+        except Exception as exc:  # the loop boundary: one bad cycle never stops the next
             report.error = f"{type(exc).__name__}: {exc}"
             self.metrics.errors.labels(system=type(exc).__name__).inc()
             log.exception("service.cycle_failed", error=report.error)
@@ -286,7 +285,7 @@ class Service:
         )
         if decision.action == "evict":
             self._annotate(job, mark, policy)
-            outcome = self.executor.evict(decision_id, job, event.node, **record)
+            outcome = self.executor.evict(decision_id, job, event.node, record)
             self.state.update_job(
                 job.job_id,
                 evictions=self._context(job).evictions + 1,
@@ -347,7 +346,7 @@ class Service:
             )
             return
         outcome = self.executor.evict(
-            decision_id, job, event.node, after="checkpoint" if checkpointed else "max wait"
+            decision_id, job, event.node, {"after": "checkpoint" if checkpointed else "max wait"}
         )
         self.state.update_job(
             job.job_id, evictions=ctx.evictions + 1, last_eviction_ts=f"{now:.3f}"
@@ -406,7 +405,7 @@ class Service:
             return
         decision_id = marks.new_decision_id()
         reason = marks.reason("persistent", "; ".join(transition.reasons), decision_id)
-        self.executor.drain(decision_id, event.node, reason, job_id=job.job_id)
+        self.executor.drain(decision_id, event.node, reason, {"job_id": job.job_id})
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, *, once: bool = False, stop: threading.Event | None = None) -> None:

@@ -35,6 +35,15 @@ class ServiceState:
             if v is not None
         }
         flat["updated_at"] = f"{now:.3f}"
+        # Every audit entry names its job and node, so filtering the audit by job finds all
+        # the state changes of a decision.
+        if "job_id" not in flat or "node" not in flat:
+            known = cast(
+                "list[str | None]", self.r.hmget(keys.decision(decision_id), ["job_id", "node"])
+            )
+            for name, value in zip(("job_id", "node"), known, strict=True):
+                if value is not None:
+                    flat.setdefault(name, value)
         pipe = self.r.pipeline(transaction=False)
         pipe.hset(keys.decision(decision_id), mapping=cast("dict[Any, Any]", flat))
         state = fields.get("state")

@@ -24,6 +24,7 @@ class JobInfo:
     user: str
     time_limit_s: float | None = None
     start_time: float | None = None
+    priority: int | None = None
 
     @property
     def running(self) -> bool:
@@ -32,8 +33,10 @@ class JobInfo:
 
     @property
     def held(self) -> bool:
-        """Held by a user or admin (``requeuehold`` leaves it so)."""
-        return self.state == "PENDING" and self.reason in {"JobHeldUser", "JobHeldAdmin"}
+        """Held by a user or admin (``requeuehold`` leaves it so: priority 0, and a reason of
+        JobHeldUser in squeue or job_requeued_in_held_state in scontrol)."""
+        held_reasons = {"JobHeldUser", "JobHeldAdmin", "job_requeued_in_held_state"}
+        return self.state == "PENDING" and (self.priority == 0 or self.reason in held_reasons)
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,9 @@ def _job(item: dict[str, Any]) -> JobInfo:
         user=_text(item.get("user_name")),
         time_limit_s=None if limit is None else limit * 60.0,  # minutes in squeue JSON
         start_time=start if start else None,
+        priority=None
+        if _number(item.get("priority")) is None
+        else int(_number(item.get("priority")) or 0),
     )
 
 
@@ -150,4 +153,5 @@ def parse_scontrol_job(line: str) -> JobInfo:
         partition=record.get("Partition", ""),
         node_count=int(record.get("NumNodes", "0") or 0),
         user=record.get("UserId", "").split("(")[0],
+        priority=int(record["Priority"]) if record.get("Priority", "").isdigit() else None,
     )

@@ -38,7 +38,8 @@ class Slurm:
     jobs: list[str] = field(default_factory=list)
 
     def run(self, *argv: str, check: bool = True) -> CommandResult:
-        env = {**os.environ, **self.cluster.env()}
+        # The test's own settings (a private Redis database) win over the cluster defaults.
+        env = {**self.cluster.env(), **os.environ}
         return run_command(list(argv), timeout_s=30, env=env, check=check)
 
     def sbatch(self, *args: str) -> str:

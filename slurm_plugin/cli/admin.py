@@ -1,0 +1,322 @@
+"""Admin commands: serve, policies, nodes, jobs, pause/resume, audit, status."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from slurm_plugin.cli.output import emit_json, emit_table
+from slurm_plugin.config import Settings
+from slurm_plugin.errors import StragglerError
+from slurm_plugin.policy.history import NodeHistory
+from slurm_plugin.policy.loader import load_policies, load_policy
+from slurm_plugin.service.executor import Executor
+from slurm_plugin.service.factory import build
+from slurm_plugin.service.loop import Service
+from slurm_plugin.service.metrics import Metrics
+from slurm_plugin.slurm import marks
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``30s``, ``30m``, ``2h``, ``1d`` -> seconds."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise click.BadParameter(f"{text!r} is not a duration like 30m, 2h, 1d")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+
+
+@click.command("serve")
+@click.option("--once", is_flag=True, help="Run one cycle and exit.")
+@click.option("--dry-run", is_flag=True, help="Detect and decide, but never act on Slurm.")
+@click.pass_obj
+def serve(settings: Settings, once: bool, dry_run: bool) -> None:
+    """Run the policy service (leader-elected; a second instance waits as a standby)."""
+    scheduler, state, store = build(settings)
+    service = Service(
+        settings, scheduler, state, store, dry_run=dry_run, metrics=Metrics(settings.metrics_port)
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        service.run(once=once)
+
+
+@click.group("policy")
+def policy() -> None:
+    """Inspect and validate policies."""
+
+
+@policy.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def policy_list(settings: Settings, as_json: bool) -> None:
+    """The policies in the policy directory."""
+    policies = load_policies(settings.policy_dir)
+    rows = [
+        {
+            "name": p.name,
+            "mode": p.actions.mode,
+            "min_slowdown_pct": p.detection.min_slowdown_pct,
+            "default": p.name == settings.default_policy,
+            "description": p.description,
+        }
+        for p in policies.values()
+    ]
+    if as_json:
+        emit_json(rows)
+    else:
+        emit_table(rows, ["name", "mode", "min_slowdown_pct", "default", "description"])
+
+
+@policy.command("show")
+@click.argument("name")
+@click.pass_obj
+def policy_show(settings: Settings, name: str) -> None:
+    """One policy with every field, as JSON."""
+    policies = load_policies(settings.policy_dir)
+    if name not in policies:
+        raise StragglerError(f"no policy {name!r}; have {', '.join(sorted(policies))}")
+    emit_json(policies[name].model_dump())
+
+
+@policy.command("validate")
+@click.argument("path", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+def policy_validate(path: Path) -> None:
+    """Check a policy file; exit 2 with the field and file on error."""
+    loaded = load_policy(path)
+    click.echo(f"{path}: policy {loaded.name!r} is valid (mode {loaded.actions.mode})")
+
+
+def _node_row(h: NodeHistory, now: float) -> dict[str, Any]:
+    return {
+        "node": h.node,
+        "state": h.state,
+        "incidents": len(h.incidents),
+        "jobs": len({i.job_id for i in h.incidents}),
+        "score": round(h.score(now, _hist_params()), 2),
+        "last_incident": time.strftime("%Y-%m-%d %H:%M", time.gmtime(h.last_incident))
+        if h.last_incident
+        else "-",
+    }
+
+
+def _hist_params() -> Any:
+    from slurm_plugin.policy.history import HistoryParams  # noqa: PLC0415
+
+    return HistoryParams()
+
+
+@click.command("nodes")
+@click.option("--state", "wanted", type=click.Choice(["ok", "suspect", "persistent"]))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def nodes(settings: Settings, wanted: str | None, as_json: bool) -> None:
+    """Nodes with a straggler history."""
+    _, state, _ = build(settings)
+    now = time.time()
+    rows = [_node_row(h, now) for h in state.nodes() if wanted in (None, h.state)]
+    if as_json:
+        emit_json(rows)
+    else:
+        emit_table(rows, ["node", "state", "incidents", "jobs", "score", "last_incident"])
+
+
+@click.group("node")
+def node() -> None:
+    """One node's history."""
+
+
+@node.command("show")
+@click.argument("name")
+@click.pass_obj
+def node_show(settings: Settings, name: str) -> None:
+    """A node's incidents and Slurm state, as JSON."""
+    scheduler, state, _ = build(settings)
+    history = state.node_history(name)
+    slurm = next((n for n in scheduler.nodes() if n.name == name), None)
+    emit_json(
+        {
+            "history": json.loads(json.dumps(history, default=lambda o: o.__dict__)),
+            "slurm": slurm.__dict__ if slurm else None,
+        }
+    )
+
+
+@node.command("forgive")
+@click.argument("name")
+@click.pass_obj
+def node_forgive(settings: Settings, name: str) -> None:
+    """Clear a node's history and resume it if (and only if) we drained it."""
+    scheduler, state, _ = build(settings)
+    old = state.node_history(name)
+    state.save_node_history(NodeHistory(name, forgiven=old.forgiven + 1))
+    slurm = next((n for n in scheduler.nodes() if n.name == name), None)
+    resumed = False
+    if slurm is not None and not slurm.usable:
+        resumed = Executor(scheduler, state).resume_ours(
+            name, slurm.reason, marks.new_decision_id()
+        )
+    note = (
+        "resumed"
+        if resumed
+        else (
+            f"left as is (drained by someone else: {slurm.reason!r})"
+            if slurm and not slurm.usable
+            else "not drained"
+        )
+    )
+    click.echo(f"{name}: history cleared; {note}")
+
+
+@click.command("jobs")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def jobs(settings: Settings, as_json: bool) -> None:
+    """Running jobs and what the service knows of them."""
+    scheduler, state, _ = build(settings)
+    rows = []
+    for job in scheduler.jobs():
+        if not job.running:
+            continue
+        js = state.job(job.job_id)
+        rows.append(
+            {
+                "job": job.job_id,
+                "user": job.user,
+                "nodes": ",".join(job.nodes),
+                "restarts": job.restarts,
+                "evictions": js.get("evictions", "0"),
+                "waiting": js.get("waiting") or "-",
+            }
+        )
+    if as_json:
+        emit_json(rows)
+    else:
+        emit_table(rows, ["job", "user", "nodes", "restarts", "evictions", "waiting"])
+
+
+@click.group("job")
+def job() -> None:
+    """One job."""
+
+
+@job.command("show")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
+    """Per-rank p50/p95 of step, compute, wait and data; the decisions so far."""
+    _, state, store = build(settings)
+    by_rank: dict[int, dict[str, list[float]]] = {}
+    for r in store.iter_steps(job_id):
+        slot = by_rank.setdefault(
+            r.rank, {"node": [], "step": [], "compute": [], "comm": [], "data": []}
+        )
+        for key, value in (
+            ("step", r.step_s),
+            ("compute", r.compute_s),
+            ("comm", r.comm_s),
+            ("data", r.data_s),
+        ):
+            if value is not None:
+                slot[key].append(value)
+        slot["node"] = [r.node]  # type: ignore[list-item]
+    rows = []
+    for rank, slot in sorted(by_rank.items()):
+        row: dict[str, Any] = {"rank": rank, "node": slot["node"][0] if slot["node"] else ""}
+        for key in ("step", "compute", "comm", "data"):
+            values = np.asarray(slot[key])
+            row[f"{key}_p50_ms"] = (
+                round(float(np.median(values)) * 1000, 1) if len(values) else None
+            )
+            row[f"{key}_p95_ms"] = (
+                round(float(np.percentile(values, 95)) * 1000, 1) if len(values) else None
+            )
+        rows.append(row)
+    decisions = state.audit(job_id=job_id)
+    if as_json:
+        emit_json({"ranks": rows, "decisions": decisions})
+        return
+    emit_table(
+        rows,
+        [
+            "rank",
+            "node",
+            "step_p50_ms",
+            "compute_p50_ms",
+            "compute_p95_ms",
+            "comm_p50_ms",
+            "comm_p95_ms",
+            "data_p50_ms",
+        ],
+    )
+    click.echo("")
+    emit_table(decisions, ["id", "state", "node", "decision", "saved_s", "cost_s", "reasons"])
+
+
+@click.command("pause")
+@click.option("--for", "duration", default="30m", show_default=True, help="How long (30m, 2h, 1d).")
+@click.pass_obj
+def pause(settings: Settings, duration: str) -> None:
+    """Stop all actions for a while (detection and audit go on)."""
+    seconds = parse_duration(duration)
+    _, state, _ = build(settings)
+    state.pause(seconds, who="cli")
+    click.echo(f"paused for {seconds:.0f} s")
+
+
+@click.command("resume")
+@click.pass_obj
+def resume(settings: Settings) -> None:
+    """Lift a pause and close the circuit breaker."""
+    _, state, _ = build(settings)
+    state.resume()
+    click.echo("actions resumed")
+
+
+@click.command("audit")
+@click.option("--job", "job_id", help="Only this job.")
+@click.option("--since", default="1d", show_default=True, help="How far back (1h, 2d).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def audit(settings: Settings, job_id: str | None, since: str, as_json: bool) -> None:
+    """Every decision and state change."""
+    _, state, _ = build(settings)
+    entries = state.audit(time.time() - parse_duration(since), job_id)
+    if as_json:
+        emit_json(entries)
+    else:
+        emit_table(entries, ["id", "state", "action", "job_id", "node", "decision", "reasons"])
+
+
+@click.command("status")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def status(settings: Settings, as_json: bool) -> None:
+    """Heartbeat, pause and circuit breaker."""
+    _, state, _ = build(settings)
+    data = {
+        "heartbeat": state.last_heartbeat(),
+        "paused_s": state.paused(),
+        "breaker": state.breaker(),
+        "open_decisions": len(state.open_decisions()),
+    }
+    if as_json:
+        emit_json(data)
+        return
+    beat = state.last_heartbeat()
+    click.echo(f"service: {'alive, ' + str(beat['instance']) if beat else 'no heartbeat'}")
+    click.echo(
+        f"paused: {data['paused_s'] or 'no'}; circuit breaker: "
+        f"{data['breaker'] or 'closed'}; open decisions: {data['open_decisions']}"
+    )
+
+
+COMMANDS = [serve, policy, nodes, node, jobs, job, pause, resume, audit, status]
