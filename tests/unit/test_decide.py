@@ -1,0 +1,153 @@
+"""The decision engine: every rail, the goodput rule and the shipped policies."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_plugin.detection.events import StragglerEvent
+from slurm_plugin.errors import ConfigError
+from slurm_plugin.policy.decide import ClusterContext, Decision, JobContext, decide
+from slurm_plugin.policy.loader import load_policies, load_policy, policy_from_comment
+from slurm_plugin.policy.schema import Policy
+from slurm_plugin.slurm.model import JobInfo, NodeInfo
+
+NOW = 1_700_000_000.0
+POLICIES = load_policies(Path(__file__).resolve().parents[2] / "policies")
+NODES = tuple(
+    NodeInfo(f"node{i}", "allocated" if i < 4 else "idle", (), "", ("debug",)) for i in range(1, 5)
+)
+
+
+BASE_JOB = JobInfo(
+    job_id="5",
+    name="train",
+    state="RUNNING",
+    reason="None",
+    nodes=("node1", "node2", "node3"),
+    excluded=(),
+    restarts=0,
+    requeue=True,
+    comment="",
+    admin_comment="",
+    partition="debug",
+    node_count=3,
+    user="alice",
+    time_limit_s=4 * 3600.0,
+    start_time=NOW - 600,
+)
+
+
+def _job(**overrides: Any) -> JobInfo:
+    return replace(BASE_JOB, **overrides)
+
+
+def _event(slowdown: float = 10.0, cause: str = "compute") -> StragglerEvent:
+    return StragglerEvent(
+        job_id="5",
+        node="node3",
+        gpu=1,
+        ranks=[5],
+        step=100,
+        ts=NOW,
+        score=1.2,
+        slowdown_pct=slowdown,
+        cause=cause,  # type: ignore[arg-type]
+        scope="gpu",
+    )
+
+
+def _decide(
+    policy: str = "evict",
+    job: JobInfo | None = None,
+    ctx: JobContext | None = None,
+    cluster: ClusterContext | None = None,
+    event: StragglerEvent | None = None,
+) -> Decision:
+    return decide(
+        event or _event(),
+        job or _job(),
+        POLICIES[policy],
+        ctx or JobContext(last_checkpoint_ts=NOW - 60),
+        cluster or ClusterContext(nodes=NODES),
+        NOW,
+    )
+
+
+def test_shipped_policies_load() -> None:
+    """The four shipped policies are valid and say what they do."""
+    assert set(POLICIES) == {"observe", "evict", "evict-aggressive", "off"}
+    assert POLICIES["observe"].actions.mode == "observe"
+    assert POLICIES["evict-aggressive"].actions.drain_persistent
+
+
+def test_evict_when_it_pays_off() -> None:
+    """+10 % for ~3 h left saves far more than a restart costs: evict."""
+    d = _decide(ctx=JobContext(last_checkpoint_ts=NOW - 60))
+    assert d.action == "evict"
+    assert d.saved_s is not None
+    assert d.cost_s is not None
+    assert d.saved_s > d.cost_s
+
+
+def test_goodput_rule_refuses_when_little_time_is_left() -> None:
+    """With 5 minutes left, a requeue costs more than it saves: annotate only."""
+    d = _decide(job=_job(start_time=NOW - 4 * 3600 + 300))
+    assert d.action == "annotate"
+    assert any(r.startswith("goodput: evicting saves") for r in d.reasons)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"policy": "observe"}, "policy observes only"),
+        ({"job": _job(requeue=False)}, "not requeueable"),
+        (
+            {"job": _job(nodes=("node1", "node2", "node3", "node4"), node_count=4)},
+            "would leave 3 usable nodes",
+        ),
+        ({"ctx": JobContext(evictions=2)}, "already evicted 2 times"),
+        ({"ctx": JobContext(last_eviction_ts=NOW - 60, evictions=1)}, "cooldown"),
+        ({"cluster": ClusterContext(nodes=NODES, evictions_last_hour=10)}, "budget spent"),
+        ({"cluster": ClusterContext(nodes=NODES, paused=True)}, "paused"),
+        ({"cluster": ClusterContext(nodes=NODES, breaker_open=True)}, "circuit breaker"),
+    ],
+)
+def test_rails_block_eviction(kwargs: dict[str, object], reason: str) -> None:
+    """Each rail turns an eviction into an annotation that says why."""
+    d = _decide(**kwargs)  # type: ignore[arg-type]
+    assert d.action == "annotate"
+    assert any(reason in r for r in d.reasons), d.reasons
+
+
+def test_input_cause_is_never_evicted_and_off_does_nothing() -> None:
+    """Slow data is reported; policy off ignores everything."""
+    assert _decide(event=_event(cause="input")).action == "annotate"
+    assert _decide(policy="off").action == "none"
+
+
+def test_after_checkpoint_waits_then_evicts() -> None:
+    """A job that reports checkpoints is evicted after the next one, or after max wait."""
+    ctx = JobContext(last_checkpoint_ts=NOW - 60, reports_checkpoints=True, waiting_since=NOW)
+    assert _decide(ctx=ctx).action == "wait"
+    late = JobContext(
+        last_checkpoint_ts=NOW - 60, reports_checkpoints=True, waiting_since=NOW - 1000
+    )
+    assert _decide(ctx=late).action == "evict"
+    assert _decide(cluster=ClusterContext(nodes=NODES, dry_run=True)).action == "annotate"
+
+
+def test_policy_from_comment_and_typos(tmp_path: Path) -> None:
+    """The --comment convention selects a policy; a typo in a file names field and file."""
+    assert policy_from_comment('straggler:policy=evict; x="y z"') == "evict"
+    assert policy_from_comment("nothing here") is None
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[safety]\nmax_evictions_per_hr = 3\n")
+    with pytest.raises(ConfigError, match=r"safety\.max_evictions_per_hr") as info:
+        load_policy(bad)
+    assert str(bad) in str(info.value)
+    with pytest.raises(ValueError, match="name"):
+        Policy.model_validate({"name": "Bad Name!"})

@@ -1,0 +1,67 @@
+"""Parsers on golden output captured from the dev cluster (Slurm 22.05), and our marks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.errors import SlurmError
+from slurm_plugin.slurm import marks
+from slurm_plugin.slurm.parsers import parse_scontrol_job, parse_sinfo_json, parse_squeue_json
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def test_squeue_json_golden() -> None:
+    """A running 3-node job with a hostile name and comment, and a cancelled one."""
+    jobs = parse_squeue_json((GOLDEN / "squeue.json").read_text())
+    job = next(j for j in jobs if j.job_id == "1")
+    assert job.name == 'it\'s a; "test" job'
+    assert job.comment == 'straggler:policy=evict; x="y z"'
+    assert (job.state, job.running, job.held) == ("RUNNING", True, False)
+    assert job.nodes == ("node1", "node2", "node3")
+    assert (job.node_count, job.partition, job.user, job.requeue) == (3, "debug", "root", True)
+    assert job.time_limit_s == 1800.0
+    assert job.start_time is not None
+
+
+def test_sinfo_json_golden() -> None:
+    """Node states, flags and reasons: node4 drained with our reason."""
+    nodes = {n.name: n for n in parse_sinfo_json((GOLDEN / "sinfo.json").read_text())}
+    assert set(nodes) == {"node1", "node2", "node3", "node4"}
+    assert nodes["node4"].flags == ("DRAIN",)
+    assert not nodes["node4"].usable
+    assert nodes["node1"].usable
+    # Typed by hand with a made-up id: it looks like ours but is not, so we never undo it.
+    assert nodes["node4"].reason.startswith("straggler:")
+    assert not marks.is_ours(nodes["node4"].reason)
+
+
+def test_scontrol_show_job_golden() -> None:
+    """`scontrol -o show job` keeps names with spaces and quotes intact."""
+    job = parse_scontrol_job((GOLDEN / "scontrol_show_job.txt").read_text())
+    assert job.job_id == "1"
+    assert job.name == 'it\'s a; "test" job'
+    assert job.restarts == 0
+    assert job.nodes == ("node1", "node2", "node3")
+
+
+@pytest.mark.parametrize("text", ["", "[]", '{"jobs": 3}', "{not json"])
+def test_malformed_json_is_a_slurm_error(text: str) -> None:
+    """Garbage from Slurm is a SlurmError, never an uncaught exception."""
+    with pytest.raises(SlurmError):
+        parse_squeue_json(text)
+
+
+def test_marks() -> None:
+    """Reasons carry our prefix and decision id; hostile text is neutralised."""
+    decision = marks.new_decision_id()
+    text = marks.reason("compute node3", 'slow "7%"; rm -rf / [x]', decision)
+    assert text.startswith("straggler: compute node3 ")
+    assert text.endswith(f"[{decision}]")
+    assert '"' not in text
+    assert ";" not in text
+    assert marks.decision_of(text) == decision
+    assert not marks.is_ours("maintenance by bob")
+    assert not marks.is_ours(f"someone: copied [{decision}]")
