@@ -1,0 +1,136 @@
+"""Service cycle time with 1,000 ranks publishing (10 steps/s each, one flush per second).
+
+The Slurm side is a static stand-in (1,000 ranks on 125 nodes cannot run on this machine);
+Redis, the telemetry path, detection and the decision path are the real ones. Run with the dev
+cluster up: ``python -m benchmarks.bench_service``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import redis
+
+from benchmarks._common import machine, table
+from slurm_plugin.config import Settings
+from slurm_plugin.service.loop import Service
+from slurm_plugin.service.state import ServiceState
+from slurm_plugin.slurm.model import JobInfo, NodeInfo
+from slurm_plugin.telemetry.records import encode_steps
+from slurm_plugin.telemetry.store import TelemetryStore, connect
+
+URL = "redis://127.0.0.1:16379/14"
+RANKS, PER_NODE, JOB = 1000, 8, "424242"
+NODES = [f"gpu{i:03d}" for i in range(RANKS // PER_NODE)]
+
+
+class StaticScheduler:
+    """One running job on 125 nodes; records what the service asks of Slurm."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self._job = JobInfo(
+            JOB,
+            "bench",
+            "RUNNING",
+            "None",
+            tuple(NODES),
+            (),
+            0,
+            True,
+            "straggler:policy=observe",
+            "",
+            "gpu",
+            len(NODES),
+            "bench",
+            4 * 3600.0,
+            time.time() - 60,
+        )
+
+    def jobs(self) -> list[JobInfo]:
+        return [self._job]
+
+    def job(self, job_id: str) -> JobInfo:
+        return self._job
+
+    def nodes(self) -> list[NodeInfo]:
+        return [NodeInfo(n, "allocated", (), "", ("gpu",)) for n in NODES]
+
+    def requeue_hold(self, job_id: str) -> None:
+        self.calls.append("requeue_hold")
+
+    def set_excluded(self, job_id: str, nodes: Sequence[str]) -> None:
+        self.calls.append("set_excluded")
+
+    def release(self, job_id: str) -> None:
+        self.calls.append("release")
+
+    def annotate(self, job_id: str, text: str) -> None:
+        self.calls.append("annotate")
+
+    def drain(self, node: str, reason: str) -> None:
+        self.calls.append("drain")
+
+    def resume(self, node: str) -> None:
+        self.calls.append("resume")
+
+
+def main() -> None:
+    redis.Redis.from_url(URL).flushdb()
+    store = TelemetryStore(connect(URL))
+    settings = Settings(redis_url=URL, policy_dir=Path(__file__).resolve().parents[1] / "policies")
+    scheduler = StaticScheduler()
+    service = Service(settings, scheduler, ServiceState(connect(URL, decode=True)), store)
+    step, cycles, records = 0, [], []
+    t0 = time.time()
+    for second in range(40):
+        entries = []
+        for rank in range(RANKS):
+            slow = 1.06 if (rank == 333 and second >= 20) else 1.0
+            raws = [
+                (
+                    step + s,
+                    t0 + second + s / 10,
+                    0.1,
+                    0.07 * slow * (1 + 0.01 * ((rank * 7 + s * 13) % 11 - 5) / 5),
+                    0.02,
+                    0.01,
+                )
+                for s in range(10)
+            ]
+            entries.append(encode_steps(rank, NODES[rank // PER_NODE], rank % PER_NODE, 0, raws))
+        store.publish(JOB, entries)
+        step += 10
+        report = service.cycle()
+        assert report.error is None, report.error
+        cycles.append(report.duration_s)
+        records.append(report.records)
+        if report.events:
+            print(
+                f"second {second}: {[(e['kind'], e.get('node'), e.get('ranks')) for e in report.events]}"
+            )
+    print(f"machine: {machine()}")
+    print(
+        table(
+            ["measurement", "figure"],
+            [
+                [
+                    "ranks x steps per cycle",
+                    f"{RANKS} x 10 ({statistics.median(records):,.0f} records)",
+                ],
+                [
+                    "service cycle (median / max)",
+                    f"{statistics.median(cycles) * 1000:.0f} ms / {max(cycles) * 1000:.0f} ms",
+                ],
+                ["Slurm calls made (observe policy)", ", ".join(scheduler.calls) or "none"],
+            ],
+        )
+    )
+    redis.Redis.from_url(URL).flushdb()
+
+
+if __name__ == "__main__":
+    main()
