@@ -105,13 +105,13 @@ def main() -> None:
         store.publish(JOB, entries)
         step += 10
         report = service.cycle()
-        assert report.error is None, report.error
+        if report.error:
+            raise SystemExit(f"cycle failed: {report.error}")
         cycles.append(report.duration_s)
         records.append(report.records)
         if report.events:
-            print(
-                f"second {second}: {[(e['kind'], e.get('node'), e.get('ranks')) for e in report.events]}"
-            )
+            found = [(e["kind"], e.get("node"), e.get("ranks")) for e in report.events]
+            print(f"second {second}: {found}")
     print(f"machine: {machine()}")
     print(
         table(
