@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import time
@@ -16,7 +17,7 @@ from slurm_plugin.cli.output import emit_json, emit_table
 from slurm_plugin.config import Settings
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.policy.history import NodeHistory
-from slurm_plugin.policy.loader import load_policies, load_policy
+from slurm_plugin.policy.loader import active_policies, load_policy
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.factory import build
 from slurm_plugin.service.loop import Service
@@ -57,14 +58,19 @@ def policy() -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def policy_list(settings: Settings, as_json: bool) -> None:
-    """The policies in the policy directory."""
-    policies = load_policies(settings.policy_dir)
+    """The active policies: the policy directory's, overridden by applied ones."""
+    _, state, _ = build(settings)
+    applied = state.applied_policies()
+    policies, problems = active_policies(settings.policy_dir, applied)
+    for problem in problems:
+        click.echo(f"warning: {problem}", err=True)
     rows = [
         {
             "name": p.name,
             "mode": p.actions.mode,
             "min_slowdown_pct": p.detection.min_slowdown_pct,
             "default": p.name == settings.default_policy,
+            "source": "applied" if p.name in applied else "file",
             "description": p.description,
         }
         for p in policies.values()
@@ -72,15 +78,16 @@ def policy_list(settings: Settings, as_json: bool) -> None:
     if as_json:
         emit_json(rows)
     else:
-        emit_table(rows, ["name", "mode", "min_slowdown_pct", "default", "description"])
+        emit_table(rows, ["name", "mode", "min_slowdown_pct", "default", "source", "description"])
 
 
 @policy.command("show")
 @click.argument("name")
 @click.pass_obj
 def policy_show(settings: Settings, name: str) -> None:
-    """One policy with every field, as JSON."""
-    policies = load_policies(settings.policy_dir)
+    """One active policy with every field, as JSON."""
+    _, state, _ = build(settings)
+    policies, _problems = active_policies(settings.policy_dir, state.applied_policies())
     if name not in policies:
         raise StragglerError(f"no policy {name!r}; have {', '.join(sorted(policies))}")
     emit_json(policies[name].model_dump())
@@ -92,6 +99,45 @@ def policy_validate(path: Path) -> None:
     """Check a policy file; exit 2 with the field and file on error."""
     loaded = load_policy(path)
     click.echo(f"{path}: policy {loaded.name!r} is valid (mode {loaded.actions.mode})")
+
+
+@policy.command("apply")
+@click.argument("path", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.pass_obj
+def policy_apply(settings: Settings, path: Path) -> None:
+    """Validate a policy file and make it active (overrides the file of the same name)."""
+    loaded = load_policy(path)
+    _, state, _ = build(settings)
+    state.apply_policy(loaded.name, loaded.model_dump_json())
+    click.echo(f"applied policy {loaded.name!r}; the service uses it from its next cycle")
+
+
+@policy.command("diff")
+@click.argument("path", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.pass_obj
+def policy_diff(settings: Settings, path: Path) -> None:
+    """What a policy file would change against the active policy of the same name."""
+    new = load_policy(path)
+    _, state, _ = build(settings)
+    policies, _problems = active_policies(settings.policy_dir, state.applied_policies())
+    if new.name not in policies:
+        click.echo(f"{new.name}: new policy")
+        return
+    current = policies[new.name].model_dump()
+    changes = _diff(current, new.model_dump())
+    for line in changes or ["no changes"]:
+        click.echo(line)
+
+
+def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            lines += _diff(a, b, f"{prefix}{key}.")
+        elif a != b:
+            lines.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return lines
 
 
 def _node_row(h: NodeHistory, now: float) -> dict[str, Any]:
@@ -173,6 +219,43 @@ def node_forgive(settings: Settings, name: str) -> None:
         )
     )
     click.echo(f"{name}: history cleared; {note}")
+
+
+@node.command("mark")
+@click.argument("name")
+@click.option(
+    "--state",
+    "new_state",
+    type=click.Choice(["ok", "suspect", "persistent"]),
+    required=True,
+    help="The state to record (persistent nodes fail the prolog).",
+)
+@click.pass_obj
+def node_mark(settings: Settings, name: str, new_state: str) -> None:
+    """Set a node's straggler state by hand (recorded in the audit)."""
+    _, state, _ = build(settings)
+    old = state.node_history(name)
+    now = time.time()
+    state.save_node_history(
+        dataclasses.replace(
+            old,
+            state=new_state,  # type: ignore[arg-type]
+            persistent_since=now if new_state == "persistent" else None,
+            last_incident=old.last_incident or now,
+        )
+    )
+    state.save_decision(
+        marks.new_decision_id(),
+        {
+            "state": "recorded",
+            "action": "mark",
+            "node": name,
+            "was": old.state,
+            "now": new_state,
+            "by": "cli",
+        },
+    )
+    click.echo(f"{name}: {old.state} -> {new_state}")
 
 
 @click.command("jobs")

@@ -59,3 +59,18 @@ def policy_from_comment(comment: str) -> str | None:
             name = part.split("=", 1)[1].strip()
             return name or None
     return None
+
+
+def active_policies(
+    directory: Path, applied: dict[str, str]
+) -> tuple[dict[str, Policy], list[str]]:
+    """The files' policies overridden by the applied ones (JSON by name); also returns the
+    problems with applied policies that had to be skipped."""
+    policies = load_policies(directory)
+    problems = []
+    for name, raw in applied.items():
+        try:
+            policies[name] = Policy.model_validate_json(raw)
+        except ValueError as exc:
+            problems.append(f"applied policy {name!r}: {exc}")
+    return policies, problems

@@ -22,7 +22,7 @@ from slurm_plugin.detection import Detector, Event, RecordBatch, StragglerEvent
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.policy.decide import ClusterContext, JobContext, decide
 from slurm_plugin.policy.history import Incident, record_incident
-from slurm_plugin.policy.loader import load_policies, policy_from_comment
+from slurm_plugin.policy.loader import active_policies, policy_from_comment
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.metrics import Metrics
@@ -85,13 +85,26 @@ class Service:
 
     # -- policies ---------------------------------------------------------------------------
     def reload_policies(self) -> None:
-        """Re-read the policy directory; keep the last good set when it is broken."""
+        """Re-read the policy directory and the applied policies; keep the last good set when
+        something is broken."""
         try:
-            self.policies = load_policies(self.settings.policy_dir)
+            policies = self._read_policies()
         except StragglerError as exc:
             if not self.policies:
                 raise
             log.warning("service.policies_invalid", error=str(exc), kept=sorted(self.policies))
+            return
+        self.policies = policies
+
+    def _read_policies(self) -> dict[str, Policy]:
+        policies, problems = active_policies(
+            self.settings.policy_dir, self.state.applied_policies()
+        )
+        for problem in problems:
+            log.warning("service.applied_policy_invalid", problem=problem)
+        if self.settings.default_policy not in policies:
+            raise StragglerError(f"default policy {self.settings.default_policy!r} missing")
+        return policies
 
     def policy_for(self, job: JobInfo) -> Policy:
         """The job's policy: its registration, its comment, else the cluster default."""
@@ -155,6 +168,7 @@ class Service:
                 report.decisions.append(self._handle(event, target, nodes, now))
         for job in running.values():
             self._resume_waiting(job, nodes, now, report)
+        self._explain_prolog_drains(nodes)
         self.metrics.jobs.set(report.jobs)
         self.metrics.ranks.set(report.ranks)
         self.state.heartbeat(
@@ -352,6 +366,21 @@ class Service:
             job.job_id, evictions=ctx.evictions + 1, last_eviction_ts=f"{now:.3f}"
         )
         report.decisions.append({"id": decision_id, "action": "evict", "outcome": outcome})
+
+    def _explain_prolog_drains(self, nodes: tuple[NodeInfo, ...]) -> None:
+        """Nodes Slurm drained because our prolog failed get the prolog's finding as reason."""
+        if self.dry_run:
+            return
+        for node in nodes:
+            if not node.reason.startswith("Prolog error"):
+                continue
+            finding = self.state.prolog_finding(node.name)
+            if not finding:
+                continue
+            decision_id = marks.new_decision_id()
+            reason = marks.reason("prolog", finding, decision_id)
+            self.executor.drain(decision_id, node.name, reason, {"was": node.reason})
+            log.warning("service.prolog_drain_explained", node=node.name, reason=reason)
 
     def _annotate(self, job: JobInfo, text: str, policy: Policy) -> None:
         if self.dry_run or policy.actions.mode == "off":

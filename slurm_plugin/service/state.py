@@ -139,6 +139,28 @@ class ServiceState:
                 log.warning("state.bad_node_key", key=str(key)[:80], error=str(exc))
         return sorted(found, key=lambda h: h.node)
 
+    # -- applied policies and prolog findings ----------------------------------------------
+    def apply_policy(self, name: str, policy_json: str) -> None:
+        """Store a validated policy; it overrides the file of the same name."""
+        self.r.set(keys.policy(name), policy_json)
+
+    def applied_policies(self) -> dict[str, str]:
+        """Policies applied through Redis, as JSON by name."""
+        found = {}
+        for key in self.r.scan_iter(match=f"{keys.PREFIX}policy:*", count=200):
+            raw = cast("str | None", self.r.get(key))
+            if raw:
+                found[str(key).split(":", 2)[2]] = raw
+        return found
+
+    def prolog_finding(self, node: str) -> str | None:
+        """What the prolog found when it last failed on ``node`` (written by the prolog)."""
+        return cast("str | None", self.r.hget(keys.node(node), "prolog_finding"))
+
+    def set_prolog_finding(self, node: str, finding: str) -> None:
+        """Record a failed prolog's finding (used by the prolog and by tests)."""
+        self.r.hset(keys.node(node), "prolog_finding", finding)
+
     # -- switches --------------------------------------------------------------------------------
     def pause(self, seconds: float, who: str = "") -> None:
         """Stop all actions for ``seconds`` (detection and audit go on)."""

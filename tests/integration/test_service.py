@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -320,3 +321,59 @@ def test_persistent_node_is_drained_and_forgiven(
     )
     assert slurm.node_state("node4") == "drained"
     assert slurm.node("node4")["Reason"].startswith("maintenance by bob")
+
+
+def _cli(env: dict[str, str], *args: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "slurm_plugin.cli.main", *args],
+        env=env,
+        check=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+def test_policy_apply_diff_and_node_mark(
+    env: dict[str, str], state: ServiceState, tmp_path: Path
+) -> None:
+    """An applied policy overrides the file of the same name; diff shows the change; a node
+    marked by hand is listed with its state and audited."""
+    changed = tmp_path / "evict.toml"
+    changed.write_text(
+        (REPO / "policies" / "evict.toml")
+        .read_text()
+        .replace("max_requeues = 2", "max_requeues = 1")
+    )
+    assert "actions.max_requeues: 2 -> 1" in _cli(env, "policy", "diff", str(changed))
+    _cli(env, "policy", "apply", str(changed))
+    listed = {p["name"]: p for p in json.loads(_cli(env, "policy", "list", "--json"))}
+    assert listed["evict"]["source"] == "applied"
+    assert json.loads(_cli(env, "policy", "show", "evict"))["actions"]["max_requeues"] == 1
+    assert "no changes" in _cli(env, "policy", "diff", str(changed))
+
+    _cli(env, "node", "mark", "node2", "--state", "persistent")
+    nodes = json.loads(_cli(env, "nodes", "--state", "persistent", "--json"))
+    assert [n["node"] for n in nodes] == ["node2"]
+    assert any(e.get("action") == "mark" and e.get("node") == "node2" for e in state.audit())
+
+
+def test_prolog_drain_gets_the_prologs_finding(
+    slurm: Slurm, cluster: DevCluster, job_dir: Path, state: ServiceState, env: dict[str, str]
+) -> None:
+    """Slurm drains a node whose prolog failed with "Prolog error"; the service rewrites the
+    reason into ours with the finding the prolog stored, and forgive resumes it."""
+    cluster.inject_prolog_failure("node1")
+    state.set_prolog_finding("node1", "gpu: 7 of 8 GPUs visible")
+    slurm.sbatch("-N1", f"--output={job_dir / 'x.log'}", "--wrap", "true")
+    wait_for(
+        lambda: slurm.node("node1").get("Reason", "").startswith("Prolog error"),
+        60,
+        "node1 drained by Slurm",
+    )
+    cluster.clear_faults()
+    _cli(env, "serve", "--once")
+    reason = slurm.node("node1")["Reason"]
+    assert reason.startswith("straggler: prolog gpu: 7 of 8 GPUs visible [d-")
+    assert "resumed" in _cli(env, "node", "forgive", "node1")
+    wait_for(lambda: slurm.node_state("node1") == "idle", 30, "node1 idle again")
