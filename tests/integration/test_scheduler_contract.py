@@ -1,0 +1,71 @@
+"""The Scheduler contract, run against every backend importable here (scontrol; pyslurm
+needs Slurm 25.11 and is not buildable against this cluster's 22.05)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.config import Settings
+from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.errors import SlurmError, StragglerError
+from slurm_plugin.slurm.scheduler import Scheduler, ScontrolScheduler
+from tests.integration.conftest import Slurm, wait_for
+
+BACKENDS: dict[str, Callable[[Settings], Scheduler]] = {"scontrol": ScontrolScheduler}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def scheduler(request: pytest.FixtureRequest, cluster: DevCluster) -> Scheduler:
+    """A backend pointed at the dev cluster."""
+    settings = Settings(slurm_conf=cluster.slurm_conf, command_timeout_s=15)
+    return BACKENDS[request.param](settings)
+
+
+def test_jobs_job_and_annotate(scheduler: Scheduler, slurm: Slurm, job_dir: Path) -> None:
+    """A running job is listed with its nodes; AdminComment round-trips hostile text."""
+    job = slurm.sbatch(
+        "-N2", "-J", 'a "b"; c', f"--output={job_dir / 'j.log'}", "--wrap", "sleep 60"
+    )
+    slurm.wait_job(job, "RUNNING")
+    listed = {j.job_id: j for j in scheduler.jobs()}
+    assert listed[job].running
+    assert listed[job].name == 'a "b"; c'
+    assert len(listed[job].nodes) == 2
+    text = "straggler: compute node1 +5.0% annotate [d-0123456789ab]"
+    scheduler.annotate(job, text)
+    assert scheduler.job(job).admin_comment == text
+
+
+def test_requeue_hold_exclude_release(scheduler: Scheduler, slurm: Slurm, job_dir: Path) -> None:
+    """The eviction primitives: held after requeue_hold, exclusions replaced, released."""
+    job = slurm.sbatch("-N2", "--requeue", f"--output={job_dir / 'j.log'}", "--wrap", "sleep 60")
+    slurm.wait_job(job, "RUNNING")
+    victim = scheduler.job(job).nodes[0]
+    scheduler.requeue_hold(job)
+    wait_for(lambda: scheduler.job(job).held, 30, "the job to be held")
+    scheduler.set_excluded(job, [victim])
+    assert scheduler.job(job).excluded == (victim,)
+    scheduler.release(job)
+    wait_for(lambda: scheduler.job(job).running, 60, "the job to run again")
+    again = scheduler.job(job)
+    assert again.restarts == 1
+    assert victim not in again.nodes
+
+
+def test_drain_resume_and_errors(scheduler: Scheduler, slurm: Slurm) -> None:
+    """Drain with a reason, see it in nodes(), resume; bad names never reach scontrol."""
+    scheduler.drain("node2", "straggler: test drain [d-0123456789ab]")
+    node = next(n for n in scheduler.nodes() if n.name == "node2")
+    assert not node.usable
+    assert node.reason == "straggler: test drain [d-0123456789ab]"
+    scheduler.resume("node2")
+    wait_for(
+        lambda: next(n for n in scheduler.nodes() if n.name == "node2").usable, 30, "node2 usable"
+    )
+    with pytest.raises(SlurmError):
+        scheduler.job("999999")
+    with pytest.raises(StragglerError, match="invalid node name"):
+        scheduler.drain("node2; reboot", "x")
