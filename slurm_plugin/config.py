@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 from pydantic_settings import (
@@ -64,6 +64,43 @@ class Settings(BaseSettings):
     )
     metrics_port: int = Field(
         default=0, ge=0, le=65535, description="Prometheus metrics port (0: no endpoint)."
+    )
+    health_expected_gpus: int | None = Field(
+        default=None, ge=0, description="GPUs every node must show (None: do not check)."
+    )
+    health_expected_hcas: int | None = Field(
+        default=None, ge=0, description="InfiniBand/RoCE HCAs every node must show."
+    )
+    health_expected_ib_rate_gbps: float | None = Field(
+        default=None, gt=0, description="Rate every active IB port must run at, Gb/s."
+    )
+    health_budget_s: float = Field(
+        default=10.0, gt=0, description="Hard time budget of the prolog's checks, seconds."
+    )
+    health_nvml_timeout_s: float = Field(
+        default=5.0, gt=0, description="NVML must answer within this; else the GPU is hung."
+    )
+    health_max_temp_c: int = Field(default=87, description="GPU temperature that drains.")
+    health_min_sm_clock_max_mhz: int | None = Field(
+        default=None, description="Max SM clock below this drains (None: the driver's default)."
+    )
+    health_critical_xids: list[int] = Field(
+        default=[48, 63, 64, 74, 79, 92, 94, 95, 119, 120],
+        description="XID codes that drain the node.",
+    )
+    health_sysfs_root: Path = Field(
+        default=Path("/"), description="Root under which /sys/class/infiniband is read."
+    )
+    health_state_dir: Path = Field(
+        default=Path("/var/lib/slurm-straggler"),
+        description="Where the prolog keeps counters between checks.",
+    )
+    health_gpu: Literal["auto", "off"] = Field(
+        default="auto", description="auto: check GPUs when NVML is present; off: never."
+    )
+    health_fake_nvml: Path | None = Field(
+        default=None,
+        description="Testing only: a JSON file of fake GPUs per node (slurm_plugin.testing).",
     )
     redis_timeout_s: float = Field(
         default=2.0, gt=0, description="Socket connect/read timeout for every Redis call, seconds."

@@ -7,8 +7,11 @@ NvmlProbe` calls, so the probe's real decoding runs against it. Set attributes o
 
 from __future__ import annotations
 
+import json
+import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -16,7 +19,7 @@ class FakeNvmlError(Exception):
     """Raised like pynvml's NVMLError (e.g. "not supported", "timeout")."""
 
 
-@dataclass
+@dataclass(eq=False)  # a handle: identity, like NVML's device pointers
 class FakeGpu:
     """One simulated GPU; every field may be changed by a test."""
 
@@ -29,6 +32,16 @@ class FakeGpu:
     power_mw: int = 300_000
     ecc_uncorrected_volatile: int = 0
     pcie_replay_count: int = 0
+    sm_clock_default_mhz: int = 1980
+    retired_pages_pending: bool = False
+    remap_pending: bool = False
+    remap_failed: bool = False
+    pcie_gen: int = 5
+    pcie_gen_max: int = 5
+    pcie_width: int = 16
+    pcie_width_max: int = 16
+    nvlinks: list[bool] = field(default_factory=lambda: [True] * 18)
+    hang: bool = False
     unsupported: set[str] = field(default_factory=set)
 
 
@@ -69,7 +82,10 @@ class FakeNvml:
         return len(self.gpus)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:  # noqa: N802
-        return self.gpus[index]
+        gpu = self.gpus[index]
+        while gpu.hang:  # a hung GPU: NVML never answers
+            time.sleep(1)
+        return gpu
 
     def nvmlDeviceGetUUID(self, gpu: FakeGpu) -> str:  # noqa: N802
         return gpu.uuid
@@ -105,6 +121,35 @@ class FakeNvml:
         self._check(gpu, "pcie")
         return gpu.pcie_replay_count
 
+    def nvmlDeviceGetDefaultApplicationsClock(self, gpu: FakeGpu, _clock: int) -> int:  # noqa: N802
+        self._check(gpu, "clock")
+        return gpu.sm_clock_default_mhz
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, gpu: FakeGpu) -> int:  # noqa: N802
+        self._check(gpu, "retired")
+        return int(gpu.retired_pages_pending)
+
+    def nvmlDeviceGetRemappedRows(self, gpu: FakeGpu) -> tuple[int, int, int, int]:  # noqa: N802
+        self._check(gpu, "remap")
+        return (0, 0, int(gpu.remap_pending), int(gpu.remap_failed))
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, gpu: FakeGpu) -> int:  # noqa: N802
+        return gpu.pcie_gen
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, gpu: FakeGpu) -> int:  # noqa: N802
+        return gpu.pcie_gen_max
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, gpu: FakeGpu) -> int:  # noqa: N802
+        return gpu.pcie_width
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, gpu: FakeGpu) -> int:  # noqa: N802
+        return gpu.pcie_width_max
+
+    def nvmlDeviceGetNvLinkState(self, gpu: FakeGpu, link: int) -> int:  # noqa: N802
+        if link >= len(gpu.nvlinks):
+            raise FakeNvmlError("Not Supported")
+        return int(gpu.nvlinks[link])
+
     def nvmlEventSetCreate(self) -> str:  # noqa: N802
         return "event-set"
 
@@ -118,3 +163,55 @@ class FakeNvml:
 
     def nvmlEventSetFree(self, _set: Any) -> None:  # noqa: N802
         return None
+
+
+def fake_nvml_from_spec(path: Path, node: str) -> FakeNvml:
+    """A FakeNvml for ``node`` from a JSON spec ``{"default": {"gpus": 8}, "nodes": {"node3":
+    {"faults": {"2": {"ecc_uncorrected_volatile": 3}}, "xids": {"1": [79]}}}}``: ``gpus``
+    GPUs with FakeGpu defaults, then per-GPU fields overridden by ``faults``."""
+    spec = json.loads(path.read_text())
+    entry = {**spec.get("default", {}), **spec.get("nodes", {}).get(node, {})}
+    gpus = [FakeGpu(uuid=f"GPU-{node}-{i}") for i in range(int(entry.get("gpus", 8)))]
+    for index, fields in entry.get("faults", {}).items():
+        for name, value in fields.items():
+            if not hasattr(gpus[int(index)], name):
+                raise ValueError(f"{path}: unknown fake GPU field {name!r}")
+            setattr(gpus[int(index)], name, value)
+    nvml = FakeNvml(gpus, fail_init=bool(entry.get("fail_init", False)))
+    for index, xids in entry.get("xids", {}).items():
+        for xid in xids:
+            nvml.inject_xid(int(index), int(xid))
+    return nvml
+
+
+IB_COUNTERS = (
+    "link_downed",
+    "symbol_error",
+    "port_rcv_errors",
+    "link_error_recovery",
+    "excessive_buffer_overrun_errors",
+)
+
+
+def build_ib_tree(
+    root: Path,
+    hcas: int = 8,
+    *,
+    rate: str = "400 Gb/sec (4X NDR)",
+    state: str = "4: ACTIVE",
+    phys_state: str = "5: LinkUp",
+    counters: dict[str, int] | None = None,
+) -> list[Path]:
+    """Write a fake /sys/class/infiniband tree (one port per HCA) under ``root``; returns
+    the port directories so a test can break one."""
+    ports = []
+    for i in range(hcas):
+        port = root / "sys/class/infiniband" / f"mlx5_{i}" / "ports" / "1"
+        (port / "counters").mkdir(parents=True, exist_ok=True)
+        (port / "state").write_text(state + "\n")
+        (port / "phys_state").write_text(phys_state + "\n")
+        (port / "rate").write_text(rate + "\n")
+        for name in IB_COUNTERS:
+            (port / "counters" / name).write_text(f"{(counters or {}).get(name, 0)}\n")
+        ports.append(port)
+    return ports

@@ -29,6 +29,7 @@ NVML_TEMPERATURE_GPU = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
 NVML_EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
+NVML_NVLINK_MAX_LINKS = 18
 
 
 class NvmlUnavailableError(StragglerError):
@@ -63,6 +64,16 @@ class GpuSample:
     ecc_uncorrected_volatile: int | None = None
     pcie_replay_count: int | None = None
     xids: list[int] = field(default_factory=list)
+    sm_clock_default_mhz: int | None = None
+    retired_pages_pending: bool | None = None
+    remap_pending: bool | None = None
+    remap_failed: bool | None = None
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    nvlinks_up: int | None = None
+    nvlinks_down: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -121,7 +132,7 @@ class NvmlProbe:
                 data = self._nvml.nvmlEventSetWait_v2(self._events, 0)
             except Exception:  # noqa: BLE001 - NVMLError_Timeout means "no more events"
                 break
-            index = next((i for i, h in enumerate(self._handles) if h == data.device), -1)
+            index = next((i for i, h in enumerate(self._handles) if h is data.device), -1)
             found.setdefault(index, []).append(int(data.eventData))
         return found
 
@@ -158,9 +169,38 @@ class NvmlProbe:
                     ),
                     pcie_replay_count=self._maybe("nvmlDeviceGetPcieReplayCounter", handle),
                     xids=xids.get(index, []),
+                    sm_clock_default_mhz=self._maybe(
+                        "nvmlDeviceGetDefaultApplicationsClock", handle, NVML_CLOCK_SM
+                    ),
+                    **self._memory_health(handle),
+                    **self._links(handle),
                 )
             )
         return samples
+
+    def _memory_health(self, handle: Any) -> dict[str, Any]:
+        pending = self._maybe("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        remap = self._maybe("nvmlDeviceGetRemappedRows", handle)  # (corr, unc, pending, failed)
+        return {
+            "retired_pages_pending": None if pending is None else bool(pending),
+            "remap_pending": None if remap is None else bool(remap[2]),
+            "remap_failed": None if remap is None else bool(remap[3]),
+        }
+
+    def _links(self, handle: Any) -> dict[str, Any]:
+        states = [
+            self._maybe("nvmlDeviceGetNvLinkState", handle, link)
+            for link in range(NVML_NVLINK_MAX_LINKS)
+        ]
+        known = [s for s in states if s is not None]
+        return {
+            "pcie_gen": self._maybe("nvmlDeviceGetCurrPcieLinkGeneration", handle),
+            "pcie_gen_max": self._maybe("nvmlDeviceGetMaxPcieLinkGeneration", handle),
+            "pcie_width": self._maybe("nvmlDeviceGetCurrPcieLinkWidth", handle),
+            "pcie_width_max": self._maybe("nvmlDeviceGetMaxPcieLinkWidth", handle),
+            "nvlinks_up": sum(1 for s in known if s) if known else None,
+            "nvlinks_down": sum(1 for s in known if not s) if known else None,
+        }
 
     def close(self) -> None:
         """Release NVML."""

@@ -1,0 +1,81 @@
+"""Prolog wall time with the fake NVML (8 GPUs) and 8 IB ports, Python start-up included,
+and the import time of the entry point. ``python -m benchmarks.bench_prolog`` (dev cluster up
+for Redis; without it the prolog passes and logs that Redis is away)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks._common import machine, redis_url, table
+from slurm_plugin.testing import build_ib_tree
+
+
+def main() -> None:
+    runs = 20
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        (base / "gpus.json").write_text(json.dumps({"default": {"gpus": 8}}))
+        build_ib_tree(base / "root", 8)
+        (base / "config.toml").write_text(
+            f'redis_url = "{redis_url()}"\nhealth_fake_nvml = "{base / "gpus.json"}"\n'
+            f'health_sysfs_root = "{base / "root"}"\nhealth_state_dir = "{base / "state"}"\n'
+            "health_expected_gpus = 8\nhealth_expected_hcas = 8\n"
+        )
+        env = {
+            **os.environ,
+            "STRAGGLER_CONFIG": str(base / "config.toml"),
+            "SLURMD_NODENAME": "node1",
+            "SLURM_JOB_ID": "1",
+        }
+        prolog = str(Path(sys.executable).parent / "straggler-prolog")
+        walls, codes = [], set()
+        for _ in range(runs):
+            started = time.perf_counter()
+            proc = subprocess.run([prolog], env=env, capture_output=True, check=False)
+            walls.append(time.perf_counter() - started)
+            codes.add(proc.returncode)
+        imports = subprocess.run(
+            [
+                sys.executable,
+                "-X",
+                "importtime",
+                "-c",
+                "import slurm_plugin.health.entry, slurm_plugin.config, slurm_plugin.health.hook",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
+    total_us = sum(int(m.group(1)) for m in re.finditer(r"\|\s+(\d+)\s+\|\s{1}\S", imports))
+    heavy = [line for line in imports.splitlines() if re.search(r"\b(click|redis|pynvml)\b", line)]
+    print(f"machine: {machine()}")
+    print(
+        table(
+            ["measurement", "figure"],
+            [
+                [
+                    "prolog wall time, 8 fake GPUs + 8 IB ports (median / max of 20)",
+                    f"{statistics.median(walls) * 1000:.0f} ms / {max(walls) * 1000:.0f} ms",
+                ],
+                ["exit codes", ", ".join(str(c) for c in sorted(codes))],
+                [
+                    "import time of entry point + settings + hook (top-level total)",
+                    f"{total_us / 1000:.0f} ms",
+                ],
+                ["click / redis / pynvml imported at start-up", "yes" if heavy else "no"],
+            ],
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

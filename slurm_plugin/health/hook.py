@@ -1,0 +1,298 @@
+"""Prolog and epilog orchestration: probes -> checks -> exit code, within a time budget.
+
+Our exit code is a drain decision. Hardware faults fail closed (exit 1: Slurm drains the node
+and requeues the job); our own problems (missing pynvml, Redis away, a state file we cannot
+write) fail open (exit 0) and are logged loudly. Redis, pynvml and the fake NVML are imported
+only when used, to keep start-up fast.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from slurm_plugin.config import Settings
+from slurm_plugin.health.checks import (
+    Finding,
+    GpuThresholds,
+    check_fabric,
+    check_gpus,
+    verdict,
+)
+from slurm_plugin.health.fabric import count_hcas, read_ports
+from slurm_plugin.health.gpu import GpuSample, NvmlProbe, NvmlUnavailableError
+
+log = structlog.get_logger(__name__)
+NvmlFactory = Callable[[], Any]
+
+
+@dataclass
+class HookResult:
+    """What a prolog or epilog found and decided."""
+
+    node: str
+    job_id: str
+    exit_code: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line for Slurm's logs and the drain explanation."""
+        drains = [str(f) for f in self.findings if f.severity == "drain"]
+        return "; ".join(drains) if drains else "ok"
+
+
+def _nvml_factory(settings: Settings, node: str) -> NvmlFactory | None:
+    if settings.health_gpu == "off":
+        return None
+    if settings.health_fake_nvml is not None:
+        fake = settings.health_fake_nvml
+
+        def make_fake() -> Any:
+            from slurm_plugin.testing import fake_nvml_from_spec  # noqa: PLC0415
+
+            return fake_nvml_from_spec(fake, node)
+
+        return make_fake
+
+    def make_real() -> Any:
+        import importlib  # noqa: PLC0415
+
+        return importlib.import_module("pynvml")
+
+    return make_real
+
+
+def probe_gpus(factory: NvmlFactory, timeout_s: float) -> tuple[list[GpuSample] | None, str]:
+    """Sample every GPU in a thread that is abandoned after ``timeout_s``.
+
+    Returns (samples, "") on success, (None, "timeout") when NVML hung, (None, "missing: ...")
+    when pynvml is not installed, (None, "init: ...") when the driver does not answer.
+    """
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            try:
+                module = factory()
+            except ImportError as exc:
+                box["error"] = f"missing: {exc}"
+                return
+            probe = NvmlProbe(module)
+            box["samples"] = probe.sample()
+            probe.close()
+        except NvmlUnavailableError as exc:
+            box["error"] = f"init: {exc}"
+        except Exception as exc:  # noqa: BLE001 - any NVML failure is reported, not raised
+            box["error"] = f"init: {type(exc).__name__}: {exc}"
+
+    thread = threading.Thread(target=work, name="nvml-probe", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        return None, "timeout"
+    return box.get("samples"), box.get("error", "")
+
+
+def _load_state(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _save_state(path: Path, data: dict[str, Any], problems: list[str]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+    except OSError as exc:
+        problems.append(f"cannot write {path}: {exc.strerror or exc}")
+
+
+def _gpu_findings(
+    settings: Settings, node: str, budget_left: float, result: HookResult
+) -> list[GpuSample]:
+    factory = _nvml_factory(settings, node)
+    if factory is None:
+        return []
+    samples, error = probe_gpus(factory, min(settings.health_nvml_timeout_s, budget_left))
+    expected = settings.health_expected_gpus
+    if error == "timeout":
+        result.findings.append(
+            Finding(
+                "nvml",
+                "drain",
+                "NVML did not answer within "
+                f"{min(settings.health_nvml_timeout_s, budget_left):g} s",
+            )
+        )
+    elif error.startswith("missing"):
+        result.problems.append(f"pynvml not installed: GPU checks skipped ({error})")
+    elif error:
+        if expected:
+            result.findings.append(
+                Finding("nvml", "drain", f"NVML unavailable with {expected} GPUs expected: {error}")
+            )
+        else:
+            result.problems.append(f"NVML unavailable: {error}")
+    if samples is None:
+        return []
+    thresholds = GpuThresholds(
+        expected_count=expected,
+        max_temp_c=settings.health_max_temp_c,
+        min_sm_clock_max_mhz=settings.health_min_sm_clock_max_mhz,
+        critical_xids=frozenset(settings.health_critical_xids),
+    )
+    result.findings += check_gpus(samples, thresholds)
+    result.gpus = [g.to_dict() for g in samples]
+    return samples
+
+
+def _fabric_findings(settings: Settings, result: HookResult) -> None:
+    root = settings.health_sysfs_root
+    state_path = settings.health_state_dir / "fabric.json"
+    ports = read_ports(root)
+    previous = _load_state(state_path)
+    result.findings += check_fabric(
+        ports,
+        previous,
+        expected_hcas=settings.health_expected_hcas,
+        hcas=count_hcas(root),
+        expected_rate_gbps=settings.health_expected_ib_rate_gbps,
+    )
+    if ports:
+        _save_state(state_path, {p.name: p.counters for p in ports}, result.problems)
+
+
+def _redis(settings: Settings) -> Any:
+    from slurm_plugin.telemetry.store import connect  # noqa: PLC0415 - only when needed
+
+    return connect(
+        settings.redis_url,
+        timeout_s=min(settings.redis_timeout_s, 2.0),
+        cluster=settings.redis_cluster,
+        retries=0,
+        decode=True,
+    )
+
+
+def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult) -> None:
+    """Persistent-straggler refusal, job registration, and the check result per node."""
+    from slurm_plugin.telemetry import keys  # noqa: PLC0415
+
+    try:
+        client = _redis(settings)
+        node_key = keys.node(result.node)
+        if client.hget(node_key, "state") == "persistent":
+            result.findings.append(
+                Finding("persistent", "drain", "node is a persistent straggler (straggler nodes)")
+            )
+        if result.job_id:
+            policy = env.get("SPANK_STRAGGLER_POLICY") or env.get("STRAGGLER_POLICY") or ""
+            meta = {
+                "nodes": env.get("SLURM_NODELIST", ""),
+                "user": env.get("SLURM_JOB_USER", ""),
+                "policy": policy or settings.default_policy,
+                "attempt": env.get("SLURM_RESTART_COUNT", "0"),
+                "registered_at": f"{time.time():.3f}",
+            }
+            pipe = client.pipeline(transaction=False)
+            pipe.hset(keys.job_meta(result.job_id), mapping=meta)
+            pipe.expire(keys.job_meta(result.job_id), keys.JOB_TTL_ACTIVE_S)
+            pipe.execute()
+        check = {
+            "ts": time.time(),
+            "job_id": result.job_id,
+            "exit_code": verdict(result.findings),
+            "findings": [f.to_dict() for f in result.findings],
+        }
+        mapping = {"last_check": json.dumps(check)}
+        if verdict(result.findings):
+            mapping["prolog_finding"] = result.summary()
+        client.hset(node_key, mapping=mapping)
+    except Exception as exc:  # noqa: BLE001 - Redis trouble is our problem: fail open, loudly
+        result.problems.append(f"Redis unavailable, persistent check skipped: {exc}")
+
+
+def run_prolog(env: Mapping[str, str], settings: Settings) -> HookResult:
+    """All prolog checks within ``health_budget_s``; the exit code is in the result."""
+    started = time.monotonic()
+    node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    result = HookResult(node=node, job_id=env.get("SLURM_JOB_ID", ""))
+    budget = settings.health_budget_s
+    samples = _gpu_findings(settings, node, budget, result)
+    if samples:
+        ecc = {str(g.index): {"ecc": g.ecc_uncorrected_volatile} for g in samples}
+        _save_state(settings.health_state_dir / "gpu.json", ecc, result.problems)
+    if time.monotonic() - started < budget:
+        _fabric_findings(settings, result)
+    else:
+        result.problems.append("time budget spent: fabric checks skipped")
+    if time.monotonic() - started < budget:
+        _redis_prolog(settings, env, result)
+    result.exit_code = verdict(result.findings)
+    result.elapsed_s = time.monotonic() - started
+    return result
+
+
+def run_epilog(env: Mapping[str, str], settings: Settings) -> HookResult:
+    """Post-job checks (new critical XIDs, ECC errors since the prolog), job key expiry."""
+    started = time.monotonic()
+    node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    result = HookResult(node=node, job_id=env.get("SLURM_JOB_ID", ""))
+    before = _load_state(settings.health_state_dir / "gpu.json")
+    samples = _gpu_findings(settings, node, settings.health_budget_s, result)
+    # Right after a job only what the job may have broken counts: XIDs, page retirement, row
+    # remapping, a hung NVML, and ECC errors that appeared since the prolog.
+    result.findings = [
+        f for f in result.findings if f.check in {"xid", "retired_pages", "row_remap", "nvml"}
+    ]
+    for g in samples:
+        then = (before.get(str(g.index)) or {}).get("ecc")
+        if g.ecc_uncorrected_volatile and then is not None and g.ecc_uncorrected_volatile > then:
+            result.findings.append(
+                Finding(
+                    "ecc",
+                    "drain",
+                    f"+{g.ecc_uncorrected_volatile - then} uncorrectable ECC errors during the job",
+                    f"gpu{g.index}",
+                )
+            )
+    try:
+        from slurm_plugin.telemetry import keys  # noqa: PLC0415
+
+        client = _redis(settings)
+        if result.job_id:
+            pipe = client.pipeline(transaction=False)
+            for key in keys.job_keys(result.job_id):
+                pipe.expire(key, keys.JOB_TTL_FINISHED_S)
+            pipe.execute()
+        client.hset(
+            keys.node(node),
+            "last_epilog",
+            json.dumps(
+                {
+                    "ts": time.time(),
+                    "job_id": result.job_id,
+                    "findings": [f.to_dict() for f in result.findings],
+                }
+            ),
+        )
+    except Exception as exc:  # noqa: BLE001 - the epilog never fails on telemetry
+        result.problems.append(f"Redis unavailable in epilog: {exc}")
+    result.exit_code = verdict(result.findings)
+    result.elapsed_s = time.monotonic() - started
+    return result

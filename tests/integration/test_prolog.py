@@ -1,0 +1,96 @@
+"""The prolog on the real cluster: slurmd runs it before every job."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.testing import build_ib_tree
+from tests.integration.conftest import Slurm, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def prolog_setup(cluster: DevCluster, redis_url: str, tmp_path: Path) -> Iterator[Path]:
+    """Our prolog wired into the cluster with fake GPUs (node3's GPU 2 has ECC errors) and a
+    fake IB tree; the plain dispatcher is restored afterwards."""
+    base = tmp_path / "prolog"
+    base.mkdir()
+    base.chmod(0o755)
+    (base / "gpus.json").write_text(
+        json.dumps(
+            {
+                "default": {"gpus": 8},
+                "nodes": {"node3": {"faults": {"2": {"ecc_uncorrected_volatile": 3}}}},
+            }
+        )
+    )
+    build_ib_tree(base / "root", 8)
+    (base / "config.toml").write_text(
+        f'redis_url = "{redis_url}"\n'
+        f'health_fake_nvml = "{base / "gpus.json"}"\n'
+        f'health_sysfs_root = "{base / "root"}"\n'
+        f'health_state_dir = "{base / "state"}"\n'
+        "health_expected_gpus = 8\nhealth_expected_hcas = 8\n"
+        "health_expected_ib_rate_gbps = 400\n"
+    )
+    target = base / "run-prolog"
+    bin_dir = Path(sys.executable).parent
+    target.write_text(
+        "#!/bin/sh\n"
+        f"export STRAGGLER_CONFIG={base / 'config.toml'}\n"
+        f"export STRAGGLER_PROLOG_BIN={bin_dir / 'straggler-prolog'}\n"
+        f"exec {REPO / 'prolog' / 'straggler-prolog.sh'}\n"
+    )
+    target.chmod(0o755)
+    cluster.up(prolog=target)
+    yield base
+    cluster.up()  # back to the plain dispatcher
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_faulty_gpu_drains_node3_and_the_job_runs_elsewhere(
+    prolog_setup: Path, slurm: Slurm, job_dir: Path, redis_url: str
+) -> None:
+    """node3's prolog finds ECC errors: Slurm drains it, the job runs on other nodes, and
+    Redis holds the finding and the job's registration."""
+    out = job_dir / "hosts.out"
+    started = time.monotonic()
+    job = slurm.sbatch("-N3", f"--output={out}", "--wrap", "srun hostname")
+    record = slurm.wait_job(job, "COMPLETED", timeout_s=90)
+    elapsed = time.monotonic() - started
+    assert slurm.node_state("node3") == "drained"
+    assert slurm.node("node3")["Reason"].startswith("Prolog error")
+    assert sorted(out.read_text().split()) == ["node1", "node2", "node4"]
+    assert int(record["Restarts"]) >= 1
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    assert (
+        client.hget("stg:node:node3", "prolog_finding") == "ecc: gpu2: 3 uncorrectable ECC errors"
+    )
+    check = json.loads(client.hget("stg:node:node1", "last_check") or "{}")
+    assert check["exit_code"] == 0
+    meta = client.hgetall(f"stg:job:{{{job}}}:meta")
+    assert meta["policy"] == "observe"
+    assert meta["user"] == "root"
+    assert elapsed < 60
+
+
+def test_healthy_prolog_adds_little_to_job_start(
+    prolog_setup: Path, slurm: Slurm, job_dir: Path
+) -> None:
+    """With every node healthy, a job starts within the prolog budget (10 s) of a bare one."""
+    job = slurm.sbatch("-N1", "-w", "node1", f"--output={job_dir / 'a.log'}", "--wrap", "true")
+    started = time.monotonic()
+    slurm.wait_job(job, "COMPLETED", timeout_s=60)
+    with_prolog = time.monotonic() - started
+    assert with_prolog < 10
+    wait_for(lambda: slurm.node_state("node1") == "idle", 30, "node1 idle")

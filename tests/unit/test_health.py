@@ -1,0 +1,147 @@
+"""Prolog/epilog checks with the shipped fake NVML and sysfs builder."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.config import Settings
+from slurm_plugin.health.checks import GpuThresholds, check_fabric, check_gpus, verdict
+from slurm_plugin.health.fabric import count_hcas, read_ports
+from slurm_plugin.health.gpu import NvmlProbe
+from slurm_plugin.health.hook import probe_gpus, run_epilog, run_prolog
+from slurm_plugin.testing import FakeGpu, FakeNvml, build_ib_tree
+
+
+def _checks(**fields: object) -> list[str]:
+    gpu = FakeGpu()
+    for name, value in fields.items():
+        setattr(gpu, name, value)
+    samples = NvmlProbe(FakeNvml([gpu])).sample()
+    return [f"{f.check}:{f.severity}" for f in check_gpus(samples, GpuThresholds())]
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({}, []),
+        ({"ecc_uncorrected_volatile": 2}, ["ecc:drain"]),
+        ({"retired_pages_pending": True}, ["retired_pages:drain"]),
+        ({"remap_pending": True}, ["row_remap:drain"]),
+        ({"remap_failed": True}, ["row_remap:drain"]),
+        ({"throttle_mask": 0x8}, ["throttle:drain"]),
+        ({"throttle_mask": 0x1 | 0x4}, []),  # idle and power cap are normal at idle
+        ({"sm_clock_max_mhz": 1500}, ["sm_clock:drain"]),
+        ({"pcie_gen": 3}, ["pcie:drain"]),
+        ({"pcie_width": 8}, ["pcie:drain"]),
+        ({"nvlinks": [True] * 17 + [False]}, ["nvlink:drain"]),
+        ({"temperature_c": 95}, ["temperature:drain"]),
+    ],
+)
+def test_each_gpu_finding_has_its_verdict(fields: dict[str, object], expected: list[str]) -> None:
+    """Every GPU fault maps to its finding; a healthy GPU to none."""
+    assert _checks(**fields) == expected
+
+
+def test_xids_count_and_critical() -> None:
+    """Critical XIDs drain, others warn; a missing GPU drains."""
+    nvml = FakeNvml([FakeGpu(), FakeGpu()])
+    nvml.inject_xid(0, 79)
+    nvml.inject_xid(1, 13)
+    findings = check_gpus(NvmlProbe(nvml).sample(), GpuThresholds(expected_count=3))
+    assert [(f.check, f.severity, f.device) for f in findings] == [
+        ("gpu_count", "drain", ""),
+        ("xid", "drain", "gpu0"),
+        ("xid", "warn", "gpu1"),
+    ]
+    assert verdict(findings) == 1
+    assert verdict([f for f in findings if f.severity == "warn"]) == 0
+
+
+def test_hung_nvml_is_abandoned_within_the_budget() -> None:
+    """A GPU whose NVML never answers is reported after the timeout, not waited for."""
+    started = time.monotonic()
+    samples, error = probe_gpus(lambda: FakeNvml([FakeGpu(hang=True)]), 0.3)
+    assert (samples, error) == (None, "timeout")
+    assert time.monotonic() - started < 1.0
+
+
+def test_fabric_ports_rates_counters_and_garbage(tmp_path: Path) -> None:
+    """Down ports, slow rates, growing error counters and unreadable files are findings."""
+    ports = build_ib_tree(tmp_path, 4)
+    (ports[0] / "state").write_text("1: DOWN\n")
+    (ports[1] / "rate").write_text("200 Gb/sec (4X HDR)\n")
+    (ports[2] / "counters" / "symbol_error").write_text("12\n")
+    (ports[3] / "phys_state").write_text("")
+    (ports[3] / "counters" / "link_downed").write_text("garbage\n")
+    samples = read_ports(tmp_path)
+    previous = {p.name: {"symbol_error": 2} for p in samples}
+    findings = check_fabric(
+        samples, previous, expected_hcas=8, hcas=count_hcas(tmp_path), expected_rate_gbps=400
+    )
+    got = {(f.check, f.device) for f in findings}
+    assert ("hca_count", "") in got
+    assert ("port_state", "mlx5_0/1") in got
+    assert ("port_rate", "mlx5_1/1") in got
+    assert ("port_errors", "mlx5_2/1") in got
+    assert ("sysfs", "mlx5_3/1") in got
+    messages = " ".join(f.message for f in findings)
+    assert "symbol_error +10" in messages
+    assert "phys_state: empty" in messages
+    assert "link_downed: not a number" in messages
+
+
+def _settings(tmp_path: Path, spec: dict[str, object], **extra: object) -> Settings:
+    (tmp_path / "gpus.json").write_text(json.dumps(spec))
+    build_ib_tree(tmp_path / "root", 8)
+    settings = Settings(
+        health_fake_nvml=tmp_path / "gpus.json",
+        health_sysfs_root=tmp_path / "root",
+        health_state_dir=tmp_path / "state",
+        health_expected_gpus=8,
+        health_expected_hcas=8,
+        health_expected_ib_rate_gbps=400,
+        redis_url="redis://127.0.0.1:1/0",
+    )
+    return settings.model_copy(update=extra)
+
+
+def test_prolog_exit_codes_and_fail_open(tmp_path: Path) -> None:
+    """A faulty GPU fails the prolog; Redis away is our problem and passes."""
+    settings = _settings(
+        tmp_path,
+        {"default": {"gpus": 8}, "nodes": {"node3": {"faults": {"5": {"remap_failed": True}}}}},
+    )
+    healthy = run_prolog({"SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "9"}, settings)
+    assert healthy.exit_code == 0
+    assert any("Redis unavailable" in p for p in healthy.problems)
+    faulty = run_prolog({"SLURMD_NODENAME": "node3", "SLURM_JOB_ID": "9"}, settings)
+    assert faulty.exit_code == 1
+    assert faulty.summary() == "row_remap: gpu5: row remapping failed"
+    assert (tmp_path / "state" / "fabric.json").exists()
+
+
+def test_missing_pynvml_passes_and_broken_driver_drains(tmp_path: Path) -> None:
+    """NVML init failing with GPUs expected drains; without expected GPUs it only warns."""
+    settings = _settings(tmp_path, {"default": {"fail_init": True}})
+    assert run_prolog({"SLURMD_NODENAME": "node1"}, settings).exit_code == 1
+    relaxed = settings.model_copy(update={"health_expected_gpus": None})
+    result = run_prolog({"SLURMD_NODENAME": "node1"}, relaxed)
+    assert result.exit_code == 0
+    assert any("NVML unavailable" in p for p in result.problems)
+
+
+def test_epilog_drains_on_new_ecc_errors_only(tmp_path: Path) -> None:
+    """The epilog compares ECC counts with the prolog's; clock findings are not its business."""
+    spec: dict[str, object] = {"default": {"gpus": 8, "faults": {"1": {"sm_clock_max_mhz": 1}}}}
+    settings = _settings(tmp_path, spec)
+    run_prolog({"SLURMD_NODENAME": "node1"}, settings)
+    assert run_epilog({"SLURMD_NODENAME": "node1"}, settings).exit_code == 0
+    spec["default"] = {"gpus": 8, "faults": {"1": {"ecc_uncorrected_volatile": 4}}}
+    settings = _settings(tmp_path, spec)
+    result = run_epilog({"SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "3"}, settings)
+    assert result.exit_code == 1
+    assert result.summary() == "ecc: gpu1: +4 uncorrectable ECC errors during the job"
