@@ -12,6 +12,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 
@@ -41,6 +42,7 @@ class FakeGpu:
     pcie_width: int = 16
     pcie_width_max: int = 16
     nvlinks: list[bool] = field(default_factory=lambda: [True] * 18)
+    recovery_action: int = 0
     hang: bool = False
     unsupported: set[str] = field(default_factory=set)
 
@@ -149,6 +151,14 @@ class FakeNvml:
         if link >= len(gpu.nvlinks):
             raise FakeNvmlError("Not Supported")
         return int(gpu.nvlinks[link])
+
+    def nvmlDeviceGetFieldValues(self, gpu: FakeGpu, field_ids: list[int]) -> list[Any]:  # noqa: N802
+        self._check(gpu, "fields")
+        out = []
+        for field_id in field_ids:
+            value = SimpleNamespace(uiVal=gpu.recovery_action if field_id == 230 else 0)
+            out.append(SimpleNamespace(fieldId=field_id, nvmlReturn=0, value=value))
+        return out
 
     def nvmlEventSetCreate(self) -> str:  # noqa: N802
         return "event-set"

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from slurm_plugin.health.fabric import COUNTERS, PortSample
-from slurm_plugin.health.gpu import GpuSample
+from slurm_plugin.health.gpu import RECOVERY_ACTIONS, GpuSample
 
 Severity = Literal["drain", "warn"]
 IDLE_THROTTLE = {
@@ -68,6 +68,9 @@ def _memory_and_xids(g: GpuSample, t: GpuThresholds) -> list[Finding]:
         )
     if g.retired_pages_pending:
         found.append(Finding("retired_pages", "drain", "page retirement pending", dev))
+    if g.recovery_action:
+        name = RECOVERY_ACTIONS.get(g.recovery_action, str(g.recovery_action))
+        found.append(Finding("recovery_action", "drain", f"driver asks for {name}", dev))
     if g.remap_failed:
         found.append(Finding("row_remap", "drain", "row remapping failed", dev))
     elif g.remap_pending:

@@ -30,6 +30,17 @@ NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
 NVML_EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
 NVML_NVLINK_MAX_LINKS = 18
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+RECOVERY_ACTIONS = {
+    0: "none",
+    1: "gpu_reset",
+    2: "node_reboot",
+    3: "drain_p2p",
+    4: "drain_and_reset",
+    5: "recover_imex_domain",
+    6: "bus_reset",
+    7: "system_reboot",
+}
 
 
 class NvmlUnavailableError(StragglerError):
@@ -74,6 +85,7 @@ class GpuSample:
     pcie_width_max: int | None = None
     nvlinks_up: int | None = None
     nvlinks_down: int | None = None
+    recovery_action: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -182,10 +194,20 @@ class NvmlProbe:
         pending = self._maybe("nvmlDeviceGetRetiredPagesPendingStatus", handle)
         remap = self._maybe("nvmlDeviceGetRemappedRows", handle)  # (corr, unc, pending, failed)
         return {
+            "recovery_action": self._recovery_action(handle),
             "retired_pages_pending": None if pending is None else bool(pending),
             "remap_pending": None if remap is None else bool(remap[2]),
             "remap_failed": None if remap is None else bool(remap[3]),
         }
+
+    def _recovery_action(self, handle: Any) -> int | None:
+        """The driver's recommended recovery action (NVML field 230), where supported."""
+        values = self._maybe(
+            "nvmlDeviceGetFieldValues", handle, [NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
+        )
+        if not values or getattr(values[0], "nvmlReturn", 1) != 0:
+            return None
+        return int(values[0].value.uiVal)
 
     def _links(self, handle: Any) -> dict[str, Any]:
         states = [

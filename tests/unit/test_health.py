@@ -39,6 +39,7 @@ def _checks(**fields: object) -> list[str]:
         ({"pcie_width": 8}, ["pcie:drain"]),
         ({"nvlinks": [True] * 17 + [False]}, ["nvlink:drain"]),
         ({"temperature_c": 95}, ["temperature:drain"]),
+        ({"recovery_action": 4}, ["recovery_action:drain"]),
     ],
 )
 def test_each_gpu_finding_has_its_verdict(fields: dict[str, object], expected: list[str]) -> None:
