@@ -40,7 +40,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 # the cluster down again (also when tests fail). Exit status: pytest's (5 = no tests = failure).
 test: install
 	@status=0; \
-	$(BIN)/straggler devcluster up || status=$$?; \
+	$(BIN)/straggler devcluster up --spank || status=$$?; \
 	if [ $$status -eq 0 ]; then \
 	  $(BIN)/python -m pytest $(PYTEST_ARGS) || status=$$?; \
 	fi; \
@@ -53,7 +53,7 @@ lint: install
 	$(BIN)/mypy
 
 cluster-up: install
-	$(BIN)/straggler devcluster up
+	$(BIN)/straggler devcluster up --spank
 
 cluster-down: install
 	$(BIN)/straggler devcluster down

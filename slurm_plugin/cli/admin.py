@@ -402,4 +402,29 @@ def status(settings: Settings, as_json: bool) -> None:
     )
 
 
-COMMANDS = [serve, policy, nodes, node, jobs, job, pause, resume, audit, status]
+SBATCH_HELP = """\
+STRAGGLER OPTIONS FOR SBATCH, SALLOC AND SRUN (SPANK plugin contrib/spank)
+
+  --straggler-policy=NAME
+      The job's straggler policy (`straggler policy list`). An unknown name fails the
+      submission with the list of valid names. Default: the plugin's default= argument.
+  --straggler-max-requeues=N
+      Evict this job at most N times; the policy's own limit still applies.
+  --straggler-min-slowdown=PCT
+      Act only on slowdowns of at least PCT percent; never below the policy's minimum.
+  --straggler-notify=off|log|comment
+      How the job hears about detections: its AdminComment (comment, the default), the
+      service log only (log), or not at all (off).
+
+Without the plugin: sbatch --comment=straggler:policy=NAME ...
+`srun --help` lists these options; `sbatch --help` does not show SPANK options.
+"""
+
+
+@click.command("sbatch-options")
+def sbatch_options() -> None:
+    """Explain the --straggler-* options of sbatch, salloc and srun."""
+    click.echo(SBATCH_HELP, nl=False)
+
+
+COMMANDS = [sbatch_options, serve, policy, nodes, node, jobs, job, pause, resume, audit, status]

@@ -55,6 +55,7 @@ def devcluster() -> None:
     multiple=True,
     help="A line for plugstack.conf (SPANK plugins); repeatable.",
 )
+@click.option("--spank", is_flag=True, help="Build and load the SPANK plugin (contrib/spank).")
 @click.option(
     "--wait",
     "wait_s",
@@ -70,12 +71,13 @@ def up(
     prolog: Path | None,
     epilog: Path | None,
     plugstack: tuple[str, ...],
+    spank: bool,
     wait_s: float,
     as_json: bool,
 ) -> None:
     """Start munge, redis-server, slurmctld and 4 slurmd (idempotent); print what to export."""
     status = DevCluster.from_settings(settings).up(
-        prolog=prolog, epilog=epilog, plugstack=plugstack, wait_s=wait_s
+        prolog=prolog, epilog=epilog, plugstack=plugstack or None, spank=spank, wait_s=wait_s
     )
     if as_json:
         emit_json(status.to_dict())

@@ -166,10 +166,16 @@ class DevCluster:
         *,
         prolog: Path | None = None,
         epilog: Path | None = None,
-        plugstack: Sequence[str] = (),
+        plugstack: Sequence[str] | None = None,
+        spank: bool = False,
         wait_s: float = 60.0,
     ) -> ClusterStatus:
-        """Start whatever is not running yet and wait until every node is usable (idempotent)."""
+        """Start whatever is not running yet and wait until every node is usable (idempotent).
+
+        ``spank`` builds ``contrib/spank`` and loads the plugin through plugstack.conf, with any
+        extra ``plugstack`` lines. When neither is given, plugstack.conf stays as it is (an
+        idempotent ``up`` never unloads a plugin).
+        """
         started = time.monotonic()
         missing = [p for p in REQUIRED_PROGRAMS if shutil.which(p) is None]
         if missing:
@@ -178,6 +184,8 @@ class DevCluster:
             )
         self._make_dirs()
         self._write_hosts()
+        if spank:
+            plugstack = [self._build_spank(), *(plugstack or ())]
         slurm_changed = self._write_configs(prolog, epilog, plugstack)
         notes: list[str] = []
         if slurm_changed and any(
@@ -192,6 +200,16 @@ class DevCluster:
             self._start_slurmd(node)
         self._wait_ready(time.monotonic() + wait_s, notes)
         return replace(self.status(), elapsed_s=round(time.monotonic() - started, 3), notes=notes)
+
+    def _build_spank(self) -> str:
+        """Compile the SPANK plugin (warnings are errors) and return its plugstack line."""
+        source = self.template_dir.parent / "spank"
+        run_command(["make", "-s", "-C", str(source)], timeout_s=120)
+        policies = self.template_dir.parents[1] / "policies"
+        names = sorted(p.stem for p in policies.glob("*.toml")) or ["observe"]
+        return (
+            f"optional {source / 'straggler_spank.so'} policies={','.join(names)} default=observe"
+        )
 
     def _make_dirs(self) -> None:
         for sub in ("etc", "run", "log", "state/ctld", "state/redis", "faults", "munge/run"):
@@ -220,7 +238,7 @@ class DevCluster:
             raise DevClusterError(f"bad template {template}: {exc}") from exc
 
     def _write_configs(
-        self, prolog: Path | None, epilog: Path | None, plugstack: Sequence[str]
+        self, prolog: Path | None, epilog: Path | None, plugstack: Sequence[str] | None
     ) -> bool:
         """Write every config file; True when slurm.conf or plugstack.conf changed."""
         nodes = "\n".join(
@@ -238,9 +256,9 @@ class DevCluster:
         )
         redis_conf = self._render("redis.conf.in", base=self.base, redis_port=self.redis_port)
         changed = _write_if_changed(self.slurm_conf, slurm)
-        changed |= _write_if_changed(
-            self.base / "etc" / "plugstack.conf", "".join(f"{line}\n" for line in plugstack)
-        )
+        stack = self.base / "etc" / "plugstack.conf"
+        if plugstack is not None or not stack.exists():
+            changed |= _write_if_changed(stack, "".join(f"{line}\n" for line in plugstack or ()))
         _write_if_changed(self.base / "etc" / "redis.conf", redis_conf)
         for hook, target in (("prolog", prolog), ("epilog", epilog)):
             _write_if_changed(self.base / "etc" / hook, self._hook_script(hook, target))

@@ -202,7 +202,13 @@ def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult
             )
         if result.job_id:
             policy = env.get("SPANK_STRAGGLER_POLICY") or env.get("STRAGGLER_POLICY") or ""
+            overrides = {
+                key: env[f"SPANK_STRAGGLER_{key.upper()}"]
+                for key in ("max_requeues", "min_slowdown", "notify")
+                if env.get(f"SPANK_STRAGGLER_{key.upper()}")
+            }
             meta = {
+                **overrides,
                 "nodes": env.get("SLURM_NODELIST", ""),
                 "user": env.get("SLURM_JOB_USER", ""),
                 "policy": policy or settings.default_policy,

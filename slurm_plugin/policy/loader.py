@@ -74,3 +74,32 @@ def active_policies(
         except ValueError as exc:
             problems.append(f"applied policy {name!r}: {exc}")
     return policies, problems
+
+
+def apply_job_overrides(policy: Policy, meta: dict[str, str]) -> Policy:
+    """The job's own choices (registered from ``sbatch --straggler-*``), applied only where they
+    are stricter than the policy: fewer requeues, a larger minimum slowdown. ``notify`` picks
+    how the job hears about detections. Unparseable values are ignored."""
+    actions: dict[str, object] = {}
+    detection: dict[str, object] = {}
+    try:
+        if meta.get("max_requeues"):
+            actions["max_requeues"] = min(
+                policy.actions.max_requeues, max(0, int(meta["max_requeues"]))
+            )
+        if meta.get("min_slowdown"):
+            detection["min_slowdown_pct"] = max(
+                policy.detection.min_slowdown_pct, float(meta["min_slowdown"])
+            )
+    except ValueError:
+        return policy
+    if meta.get("notify") in {"off", "log", "comment"}:
+        actions["notify"] = meta["notify"]
+    if not actions and not detection:
+        return policy
+    return policy.model_copy(
+        update={
+            "actions": policy.actions.model_copy(update=actions),
+            "detection": policy.detection.model_copy(update=detection),
+        }
+    )

@@ -88,6 +88,11 @@ class ActionPolicy(_Strict):
         "the job without the straggler node.",
     )
     drain_persistent: bool = Field(False, description="Drain nodes that become persistent.")
+    notify: Literal["off", "log", "comment"] = Field(
+        "comment",
+        description="How a job hears about detections: its AdminComment (comment), the service "
+        "log only (log), or not at all (off).",
+    )
     max_requeues: int = Field(2, ge=0, description="Most evictions of one job.")
     cooldown_s: float = Field(
         900.0, ge=0, description="Seconds after an eviction before the same job is evicted again."

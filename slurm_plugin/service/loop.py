@@ -22,7 +22,11 @@ from slurm_plugin.detection import Detector, Event, RecordBatch, StragglerEvent
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.policy.decide import ClusterContext, JobContext, decide
 from slurm_plugin.policy.history import Incident, record_incident
-from slurm_plugin.policy.loader import active_policies, policy_from_comment
+from slurm_plugin.policy.loader import (
+    active_policies,
+    apply_job_overrides,
+    policy_from_comment,
+)
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.metrics import Metrics
@@ -107,14 +111,14 @@ class Service:
         return policies
 
     def policy_for(self, job: JobInfo) -> Policy:
-        """The job's policy: its registration, its comment, else the cluster default."""
+        """The job's policy: its registration, its comment, else the cluster default; with the
+        job's own overrides (sbatch --straggler-*) applied only where they are stricter."""
         meta = self.state.job_meta(job.job_id)
         wanted = meta.get("policy") or policy_from_comment(job.comment) or ""
-        if wanted in self.policies:
-            return self.policies[wanted]
-        if wanted:
+        if wanted and wanted not in self.policies:
             log.warning("service.unknown_policy", job_id=job.job_id, policy=wanted[:40])
-        return self.policies[self.settings.default_policy]
+        base = self.policies.get(wanted) or self.policies[self.settings.default_policy]
+        return apply_job_overrides(base, meta)
 
     # -- one cycle ----------------------------------------------------------------------------
     def cycle(self) -> CycleReport:
@@ -383,7 +387,8 @@ class Service:
             log.warning("service.prolog_drain_explained", node=node.name, reason=reason)
 
     def _annotate(self, job: JobInfo, text: str, policy: Policy) -> None:
-        if self.dry_run or policy.actions.mode == "off":
+        if self.dry_run or policy.actions.mode == "off" or policy.actions.notify != "comment":
+            log.info("service.notify", job_id=job.job_id, text=text, notify=policy.actions.notify)
             return
         try:
             self.executor.annotate(job, text)

@@ -20,7 +20,10 @@ from slurm_plugin.telemetry.store import TelemetryStore, connect
 def main() -> None:
     seconds, slow_node, factor = float(sys.argv[1]), sys.argv[2], float(sys.argv[3])
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    slow = node == slow_node
+    # "node3,node2": node3 is slow in the first run, node2 after one restart, and so on.
+    choices = slow_node.split(",")
+    attempt = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    slow = node == choices[min(attempt, len(choices) - 1)]
     rank = int(os.environ.get("SLURM_PROCID", "0"))
     rng = random.Random(rank)  # noqa: S311 - measurement noise, not cryptography
     reporter = StepReporter.from_env()

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -15,6 +18,8 @@ import redis
 
 from slurm_plugin.config import load_settings
 from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.service.factory import build
+from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.parsers import expand_hostlist, parse_scontrol_record
 from slurm_plugin.slurm.runner import CommandResult, run_command
 from slurm_plugin.telemetry.store import connect
@@ -80,8 +85,7 @@ def cluster() -> Iterator[DevCluster]:
     """The dev cluster: reused when already up (make test starts it), else started here."""
     dev = DevCluster.from_settings(load_settings())
     started_here = not dev.status().ready
-    if started_here:
-        dev.up()
+    dev.up(spank=True)  # idempotent; loads the SPANK plugin if the running cluster lacks it
     yield dev
     if started_here:
         dev.down()
@@ -208,3 +212,83 @@ def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.stop()
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def env(
+    cluster: DevCluster, redis_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> dict[str, str]:
+    """Settings for the service, the CLI and the jobs: this test's Redis database and a copy
+    of the shipped policies (tests may add one; the service re-reads them every cycle)."""
+    policy_dir = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", policy_dir)
+    values = {
+        **cluster.env(),
+        "STRAGGLER_REDIS_URL": redis_url,
+        "STRAGGLER_POLICY_DIR": str(policy_dir),
+        "STRAGGLER_SERVICE_INTERVAL_S": "1",
+        "STRAGGLER_TELEMETRY_FLUSH_INTERVAL_S": "0.5",
+        "PYTHONPATH": str(REPO),
+    }
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    return {**os.environ, **values}
+
+
+@pytest.fixture
+def state(env: dict[str, str]) -> ServiceState:
+    """The service's Redis state, as the CLI sees it."""
+    return build(load_settings())[1]
+
+
+@pytest.fixture
+def service(env: dict[str, str], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`straggler serve` as a real process; stopped after the test."""
+    log = (tmp_path / "service.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slurm_plugin.cli.main", "--log-level", "info", "serve"],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
+    yield proc
+    proc.kill()
+    proc.wait()
+    log.close()
+
+
+def install_prolog(
+    cluster: DevCluster, base: Path, redis_url: str, faults: dict[str, object]
+) -> Path:
+    """Wire our prolog into the cluster with fake GPUs (``faults`` per node) and a fake IB
+    tree; returns the target script. Call ``cluster.up()`` to go back to the plain dispatcher."""
+    import json  # noqa: PLC0415
+
+    from slurm_plugin.testing import build_ib_tree  # noqa: PLC0415
+
+    base.mkdir(parents=True, exist_ok=True)
+    base.chmod(0o755)
+    (base / "gpus.json").write_text(json.dumps({"default": {"gpus": 8}, "nodes": faults}))
+    build_ib_tree(base / "root", 8)
+    (base / "config.toml").write_text(
+        f'redis_url = "{redis_url}"\n'
+        f'health_fake_nvml = "{base / "gpus.json"}"\n'
+        f'health_sysfs_root = "{base / "root"}"\n'
+        f'health_state_dir = "{base / "state"}"\n'
+        "health_expected_gpus = 8\nhealth_expected_hcas = 8\n"
+        "health_expected_ib_rate_gbps = 400\n"
+    )
+    target = base / "run-prolog"
+    target.write_text(
+        "#!/bin/sh\n"
+        f"export STRAGGLER_CONFIG={base / 'config.toml'}\n"
+        f"export STRAGGLER_PROLOG_BIN={Path(sys.executable).parent / 'straggler-prolog'}\n"
+        f"exec {REPO / 'prolog' / 'straggler-prolog.sh'}\n"
+    )
+    target.chmod(0o755)
+    cluster.up(prolog=target)
+    return target

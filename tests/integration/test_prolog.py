@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,46 +12,18 @@ import pytest
 import redis
 
 from slurm_plugin.devcluster import DevCluster
-from slurm_plugin.testing import build_ib_tree
-from tests.integration.conftest import Slurm, wait_for
+from tests.integration.conftest import Slurm, install_prolog, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def prolog_setup(cluster: DevCluster, redis_url: str, tmp_path: Path) -> Iterator[Path]:
-    """Our prolog wired into the cluster with fake GPUs (node3's GPU 2 has ECC errors) and a
-    fake IB tree; the plain dispatcher is restored afterwards."""
+    """Our prolog wired into the cluster: node3's fake GPU 2 has ECC errors."""
     base = tmp_path / "prolog"
-    base.mkdir()
-    base.chmod(0o755)
-    (base / "gpus.json").write_text(
-        json.dumps(
-            {
-                "default": {"gpus": 8},
-                "nodes": {"node3": {"faults": {"2": {"ecc_uncorrected_volatile": 3}}}},
-            }
-        )
+    install_prolog(
+        cluster, base, redis_url, {"node3": {"faults": {"2": {"ecc_uncorrected_volatile": 3}}}}
     )
-    build_ib_tree(base / "root", 8)
-    (base / "config.toml").write_text(
-        f'redis_url = "{redis_url}"\n'
-        f'health_fake_nvml = "{base / "gpus.json"}"\n'
-        f'health_sysfs_root = "{base / "root"}"\n'
-        f'health_state_dir = "{base / "state"}"\n'
-        "health_expected_gpus = 8\nhealth_expected_hcas = 8\n"
-        "health_expected_ib_rate_gbps = 400\n"
-    )
-    target = base / "run-prolog"
-    bin_dir = Path(sys.executable).parent
-    target.write_text(
-        "#!/bin/sh\n"
-        f"export STRAGGLER_CONFIG={base / 'config.toml'}\n"
-        f"export STRAGGLER_PROLOG_BIN={bin_dir / 'straggler-prolog'}\n"
-        f"exec {REPO / 'prolog' / 'straggler-prolog.sh'}\n"
-    )
-    target.chmod(0o755)
-    cluster.up(prolog=target)
     yield base
     cluster.up()  # back to the plain dispatcher
     shutil.rmtree(base, ignore_errors=True)

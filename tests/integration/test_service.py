@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
-from slurm_plugin.config import load_settings
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.policy.history import Incident, NodeHistory
-from slurm_plugin.service.factory import build
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.parsers import parse_squeue_json
@@ -24,50 +18,6 @@ from tests.integration.conftest import Slurm, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTILE_NAME = 'it\'s; "a" $(job) name'
-
-
-@pytest.fixture
-def env(
-    cluster: DevCluster, redis_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> dict[str, str]:
-    """Settings for the service, the CLI and the jobs: this test's Redis database and a copy
-    of the shipped policies (tests may add one; the service re-reads them every cycle)."""
-    policy_dir = tmp_path / "policies"
-    shutil.copytree(REPO / "policies", policy_dir)
-    values = {
-        **cluster.env(),
-        "STRAGGLER_REDIS_URL": redis_url,
-        "STRAGGLER_POLICY_DIR": str(policy_dir),
-        "STRAGGLER_SERVICE_INTERVAL_S": "1",
-        "STRAGGLER_TELEMETRY_FLUSH_INTERVAL_S": "0.5",
-        "PYTHONPATH": str(REPO),
-    }
-    for key, value in values.items():
-        monkeypatch.setenv(key, value)
-    return {**os.environ, **values}
-
-
-@pytest.fixture
-def state(env: dict[str, str]) -> ServiceState:
-    """The service's Redis state, as the CLI sees it."""
-    return build(load_settings())[1]
-
-
-@pytest.fixture
-def service(env: dict[str, str], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """`straggler serve` as a real process; stopped after the test."""
-    log = (tmp_path / "service.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "slurm_plugin.cli.main", "--log-level", "info", "serve"],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=log,
-    )
-    yield proc
-    proc.kill()
-    proc.wait()
-    log.close()
 
 
 def _submit(

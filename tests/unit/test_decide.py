@@ -151,3 +151,20 @@ def test_policy_from_comment_and_typos(tmp_path: Path) -> None:
     assert str(bad) in str(info.value)
     with pytest.raises(ValueError, match="name"):
         Policy.model_validate({"name": "Bad Name!"})
+
+
+def test_job_overrides_only_make_the_policy_stricter() -> None:
+    """sbatch --straggler-* values apply only where stricter than the policy."""
+    from slurm_plugin.policy.loader import apply_job_overrides
+
+    evict = POLICIES["evict"]
+    stricter = apply_job_overrides(
+        evict, {"max_requeues": "1", "min_slowdown": "8", "notify": "log"}
+    )
+    assert stricter.actions.max_requeues == 1
+    assert stricter.detection.min_slowdown_pct == 8.0
+    assert stricter.actions.notify == "log"
+    looser = apply_job_overrides(evict, {"max_requeues": "50", "min_slowdown": "0.5"})
+    assert looser.actions.max_requeues == evict.actions.max_requeues
+    assert looser.detection.min_slowdown_pct == evict.detection.min_slowdown_pct
+    assert apply_job_overrides(evict, {"max_requeues": "lots"}) == evict

@@ -1,0 +1,121 @@
+"""The SPANK plugin on the real cluster: options, validation, and where the values go."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.service.state import ServiceState
+from tests.integration.conftest import Slurm, install_prolog, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+OPTIONS = (
+    "--straggler-policy",
+    "--straggler-max-requeues",
+    "--straggler-min-slowdown",
+    "--straggler-notify",
+)
+
+
+def test_srun_help_lists_the_options(slurm: Slurm) -> None:
+    """srun --help shows every option (sbatch --help does not list SPANK options)."""
+    text = slurm.run("srun", "--help").stdout
+    for option in OPTIONS:
+        assert option in text
+
+
+@pytest.mark.parametrize("command", ["sbatch", "srun"])
+def test_invalid_policy_is_refused_at_submit(slurm: Slurm, command: str, job_dir: Path) -> None:
+    """A bad policy name fails the submission and the message lists the valid names."""
+    args = ["--wrap", "true"] if command == "sbatch" else ["true"]
+    result = slurm.run(
+        command, "--straggler-policy=fastest", f"--output={job_dir / 'x'}", *args, check=False
+    )
+    assert result.returncode != 0
+    assert "valid policies: evict,evict-aggressive,observe,off" in result.stderr
+    bad = slurm.run(command, "--straggler-max-requeues=-2", *args, check=False)
+    assert bad.returncode != 0
+    assert "must be an integer 0..100" in bad.stderr
+
+
+def test_tasks_see_their_policy(slurm: Slurm, job_dir: Path) -> None:
+    """Tasks get STRAGGLER_POLICY (the chosen one, else the plugin's default)."""
+    chosen = job_dir / "chosen.out"
+    plain = job_dir / "plain.out"
+    a = slurm.sbatch(
+        "--straggler-policy=evict",
+        "--straggler-notify=log",
+        f"--output={chosen}",
+        "--wrap",
+        "srun env",
+    )
+    b = slurm.sbatch(f"--output={plain}", "--wrap", "srun env")
+    slurm.wait_job(a, "COMPLETED")
+    slurm.wait_job(b, "COMPLETED")
+    assert "STRAGGLER_POLICY=evict" in chosen.read_text()
+    assert "STRAGGLER_NOTIFY=log" in chosen.read_text()
+    assert "STRAGGLER_POLICY=observe" in plain.read_text()
+
+
+@pytest.fixture
+def healthy_prolog(cluster: DevCluster, redis_url: str, tmp_path: Path) -> Iterator[Path]:
+    """Our prolog (healthy fake GPUs), which registers each job's SPANK choices."""
+    base = tmp_path / "prolog"
+    install_prolog(cluster, base, redis_url, {})
+    yield base
+    cluster.up()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_options_are_registered_and_bound_the_service(
+    healthy_prolog: Path,
+    slurm: Slurm,
+    job_dir: Path,
+    state: ServiceState,
+    service: subprocess.Popen[bytes],
+) -> None:
+    """--straggler-policy=evict --straggler-max-requeues=1: registered by the prolog; the
+    service evicts the job once (node3) and not a second time (node2 slow too)."""
+    job = slurm.sbatch(
+        "-N3",
+        "--ntasks-per-node=2",
+        "--requeue",
+        "-t",
+        "30",
+        "--straggler-policy=evict",
+        "--straggler-max-requeues=1",
+        f"--output={job_dir / 'job.log'}",
+        "--chdir",
+        str(REPO),
+        "--wrap",
+        f"srun {sys.executable} -m tests.integration._fake_rank 300 node3,node2 1.2",
+    )
+    slurm.wait_job(job, "RUNNING")
+    meta = state.job_meta(job)
+    assert (meta["policy"], meta["max_requeues"]) == ("evict", "1")
+
+    def decisions() -> list[dict[str, str]]:
+        found: dict[str, dict[str, str]] = {}
+        for entry in state.audit(job_id=job):
+            found.setdefault(entry["id"], {}).update(entry)
+        return list(found.values())
+
+    wait_for(lambda: slurm.job(job)["Restarts"] == "1", 60, "the first eviction")
+    wait_for(
+        lambda: any(d.get("node") == "node2" for d in decisions()),
+        90,
+        "a detection of node2 after the restart",
+    )
+    time.sleep(2)
+    evictions = [d for d in decisions() if d.get("action") == "evict"]
+    assert [d["node"] for d in evictions] == ["node3"]
+    second = next(d for d in decisions() if d.get("node") == "node2")
+    assert "already evicted 1 times (max 1)" in second["reasons"]
+    assert slurm.job(job)["Restarts"] == "1"
