@@ -312,7 +312,7 @@ class JobDetector:
             if self.steps_done < p.warmup_steps or not self._warm:
                 return []
             warm = np.vstack(self._warm)
-            base = np.nanmedian(warm, axis=0)
+            base = row_median(warm.T)  # per column; NaN (no warning) when all-NaN
             if not np.all(np.isfinite(base)) or base[2] <= 0:
                 return []
             self._base = (float(base[0]), float(base[1]), float(base[2]))

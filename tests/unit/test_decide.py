@@ -11,7 +11,12 @@ import pytest
 from slurm_plugin.detection.events import StragglerEvent
 from slurm_plugin.errors import ConfigError
 from slurm_plugin.policy.decide import ClusterContext, Decision, JobContext, decide
-from slurm_plugin.policy.loader import load_policies, load_policy, policy_from_comment
+from slurm_plugin.policy.loader import (
+    apply_job_overrides,
+    load_policies,
+    load_policy,
+    policy_from_comment,
+)
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.slurm.model import JobInfo, NodeInfo
 
@@ -155,8 +160,6 @@ def test_policy_from_comment_and_typos(tmp_path: Path) -> None:
 
 def test_job_overrides_only_make_the_policy_stricter() -> None:
     """sbatch --straggler-* values apply only where stricter than the policy."""
-    from slurm_plugin.policy.loader import apply_job_overrides
-
     evict = POLICIES["evict"]
     stricter = apply_job_overrides(
         evict, {"max_requeues": "1", "min_slowdown": "8", "notify": "log"}
