@@ -12,7 +12,7 @@ APT_PACKAGES := slurmctld slurmd slurm-client munge libslurm-dev redis-server gc
 SYSTEM_PROGRAMS := munged slurmctld slurmd scontrol sinfo squeue sbatch scancel redis-server \
                    unshare hostname gcc
 
-.PHONY: install system-packages test lint cluster-up cluster-down clean
+.PHONY: install system-packages test demo lint cluster-up cluster-down clean
 
 install: system-packages $(VENV)/.installed
 
@@ -46,6 +46,12 @@ test: install
 	fi; \
 	$(BIN)/straggler devcluster down || true; \
 	exit $$status
+
+# The demo: a real DDP job on the local cluster, node3 slowed down for real, detected and the
+# job requeued without it; then the same job under `observe` for comparison. Report in
+# demo-report/ (report.html, plot.svg, summary.json). The cluster stays up afterwards.
+demo: install
+	$(BIN)/straggler demo --out demo-report
 
 lint: install
 	$(BIN)/ruff check .

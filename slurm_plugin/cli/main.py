@@ -10,6 +10,7 @@ import click
 from slurm_plugin._version import __version__
 from slurm_plugin.cli.admin import COMMANDS as ADMIN_COMMANDS
 from slurm_plugin.cli.backtest import backtest
+from slurm_plugin.cli.demo import demo
 from slurm_plugin.cli.devcluster import devcluster
 from slurm_plugin.cli.output import emit_json, emit_table
 from slurm_plugin.cli.telemetry import export, sidecar
@@ -80,6 +81,7 @@ def config_show(ctx: click.Context, as_json: bool) -> None:
 
 
 cli.add_command(backtest)
+cli.add_command(demo)
 cli.add_command(devcluster)
 cli.add_command(export)
 cli.add_command(sidecar)

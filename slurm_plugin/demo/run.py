@@ -1,0 +1,257 @@
+"""Run the demo scenario on the dev cluster and collect what happened, from Slurm and Redis."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from slurm_plugin.config import Settings
+from slurm_plugin.demo.slowdown import CpuQuota
+from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.errors import DevClusterError
+from slurm_plugin.service.state import ServiceState
+from slurm_plugin.slurm.parsers import expand_hostlist, parse_scontrol_record
+from slurm_plugin.slurm.runner import run_command
+from slurm_plugin.telemetry.records import StepRecord
+from slurm_plugin.telemetry.store import TelemetryStore, connect
+
+REPO = Path(__file__).resolve().parents[2]
+SLOW_NODE = "node3"
+
+
+@dataclass
+class DemoRun:
+    """Everything one run produced."""
+
+    policy: str
+    job_id: str = ""
+    started: float = 0.0
+    finished: float = 0.0
+    onset_ts: float | None = None
+    onset_step: int | None = None
+    job: dict[str, str] = field(default_factory=dict)
+    records: list[StepRecord] = field(default_factory=list)
+    decisions: list[dict[str, str]] = field(default_factory=list)
+    output: str = ""
+
+    @property
+    def total_s(self) -> float:
+        """Submit to completion."""
+        return self.finished - self.started
+
+
+def _max_step(store: TelemetryStore, job_id: str) -> int:
+    steps = [r.step for r in store.iter_steps(job_id)]
+    return max(steps) if steps else -1
+
+
+def run_scenario(
+    settings: Settings,
+    cluster: DevCluster,
+    work: Path,
+    *,
+    policy: str,
+    steps: int,
+    slow_at: int,
+    quota_pct: float,
+    redis_db: int,
+    say: Callable[[str], None] = print,
+    timeout_s: float = 480.0,
+) -> DemoRun:
+    """Submit the DDP job under ``policy``, slow node3 at step ``slow_at``, wait for the end."""
+    url = cluster.redis_url.rsplit("/", 1)[0] + f"/{redis_db}"
+    redis.Redis.from_url(url).flushdb()
+    work.mkdir(parents=True, exist_ok=True)
+    work.chmod(0o777)
+    ckpt = work / "ckpt"
+    shutil.rmtree(ckpt, ignore_errors=True)
+    env = {
+        **os.environ,
+        **cluster.env(),
+        "STRAGGLER_REDIS_URL": url,
+        "STRAGGLER_POLICY_DIR": str(REPO / "policies"),
+        "STRAGGLER_SERVICE_INTERVAL_S": "1",
+        "PYTHON": sys.executable,
+        "CKPT_DIR": str(ckpt),
+        "STEPS": str(steps),
+        "PYTHONPATH": str(REPO),
+    }
+    service_log = (work / "service.log").open("wb")
+    service = subprocess.Popen(
+        [sys.executable, "-m", "slurm_plugin.cli.main", "--log-level", "info", "serve"],
+        env=env,
+        stdout=service_log,
+        stderr=service_log,
+        cwd=REPO,
+    )
+    cluster.up(prolog=_prolog(work, url))  # our prolog registers the job's SPANK choices
+    store = TelemetryStore(connect(url))
+    state = ServiceState(connect(url, decode=True))
+    quota = CpuQuota(cluster.base / "run", SLOW_NODE, quota_pct)
+    run = DemoRun(policy=policy, started=time.time())
+    try:
+        # Six ranks share 2 cores here, so their compute times are far noisier than on GPUs:
+        # the job asks to act only on slowdowns of 100 % or more (the injected one is about
+        # 4x), a choice that can only make the policy stricter.
+        out = run_command(
+            [
+                "sbatch",
+                "--parsable",
+                f"--straggler-policy={policy}",
+                "--straggler-min-slowdown=100",
+                f"--output={work / 'job.log'}",
+                "--chdir",
+                str(REPO),
+                str(REPO / "examples" / "ddp_train.sbatch"),
+            ],
+            timeout_s=30,
+            env=env,
+        ).stdout
+        run.job_id = out.strip().split(";")[0]
+        say(f"submitted job {run.job_id} (policy {policy}, {steps} steps, 6 ranks on 3 nodes)")
+        deadline = time.time() + timeout_s
+        last_line = ""
+        while time.time() < deadline:
+            record = parse_scontrol_record(
+                run_command(
+                    ["scontrol", "-o", "show", "job", run.job_id], timeout_s=15, env=env
+                ).stdout
+            )
+            step = _max_step(store, run.job_id)
+            if run.onset_ts is None and step >= slow_at:
+                moved = quota.apply()
+                run.onset_ts, run.onset_step = time.time(), step
+                say(
+                    f"step {step}: {SLOW_NODE} limited to {quota_pct:g}% of a CPU "
+                    f"({moved} processes)"
+                )
+            decisions = _decisions(state, run.job_id)
+            latest = decisions[-1] if decisions else {}
+            line = (
+                f"[{time.time() - run.started:5.1f}s] {record.get('JobState', '?'):9} "
+                f"nodes={record.get('NodeList', '?'):12} restarts={record.get('Restarts')} "
+                f"step={step:4d}  decision={latest.get('decision', latest.get('action', '-'))}"
+                f" {latest.get('state', '')}"
+            )
+            if line.split("] ", 1)[1] != last_line:
+                say(line)
+                last_line = line.split("] ", 1)[1]
+            if record.get("JobState") in {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}:
+                break
+            time.sleep(1)
+        else:
+            raise DevClusterError(f"demo job {run.job_id} did not finish in {timeout_s:g} s")
+        run.finished = time.time()
+        run.job = parse_scontrol_record(
+            run_command(["scontrol", "-o", "show", "job", run.job_id], timeout_s=15, env=env).stdout
+        )
+        run.records = list(store.iter_steps(run.job_id))
+        run.decisions = _decisions(state, run.job_id)
+        run.output = (work / "job.log").read_text() if (work / "job.log").exists() else ""
+    finally:
+        quota.remove()
+        cluster.up()
+        service.kill()
+        service.wait()
+        service_log.close()
+    return run
+
+
+def _prolog(work: Path, url: str) -> Path:
+    """A prolog target: our prolog with this run's Redis (no GPUs or IB on a dev machine)."""
+    (work / "prolog.toml").write_text(
+        f'redis_url = "{url}"\nhealth_gpu = "off"\nhealth_state_dir = "{work / "state"}"\n'
+        f'health_sysfs_root = "{work / "no-sysfs"}"\n'
+    )
+    target = work / "run-prolog"
+    target.write_text(
+        "#!/bin/sh\n"
+        f"export STRAGGLER_CONFIG={work / 'prolog.toml'}\n"
+        f"export STRAGGLER_PROLOG_BIN={Path(sys.executable).parent / 'straggler-prolog'}\n"
+        f"exec {REPO / 'prolog' / 'straggler-prolog.sh'}\n"
+    )
+    target.chmod(0o755)
+    return target
+
+
+def _decisions(state: ServiceState, job_id: str) -> list[dict[str, str]]:
+    merged: dict[str, dict[str, str]] = {}
+    for entry in state.audit(job_id=job_id):
+        merged.setdefault(entry["id"], {}).update(entry)
+        if entry.get("state") == "held":  # the moment the job was requeued
+            merged[entry["id"]]["held_ts"] = entry.get("updated_at", "")
+    return sorted(
+        merged.values(), key=lambda d: float(d.get("detected_ts") or d.get("updated_at") or 0)
+    )
+
+
+def summarize(run: DemoRun) -> dict[str, Any]:
+    """The figures of one run: detection delay, onset -> requeue, step rates, work lost."""
+    nodes = expand_hostlist(run.job.get("NodeList", ""))
+    eviction = next((d for d in run.decisions if d.get("action") == "evict"), None)
+    detection = next((d for d in run.decisions if d.get("node") == SLOW_NODE), None)
+    rank0 = sorted((r for r in run.records if r.rank == 0), key=lambda r: r.ts)
+    first_run = [r for r in rank0 if r.attempt == 0]
+    second_run = [r for r in rank0 if r.attempt > 0]
+
+    def rate(rows: list[StepRecord], t0: float | None = None, t1: float | None = None) -> float:
+        sel = [r for r in rows if (t0 is None or r.ts >= t0) and (t1 is None or r.ts <= t1)]
+        if len(sel) < 2:
+            return float("nan")
+        return (len(sel) - 1) / max(1e-9, sel[-1].ts - sel[0].ts)
+
+    requeue_ts = None
+    if eviction is not None:
+        requeue_ts = float(eviction.get("updated_at", 0))
+        for key in ("held_ts",):
+            requeue_ts = float(eviction.get(key, requeue_ts))
+    resumed = [
+        int(line.split()[-1])
+        for line in run.output.splitlines()
+        if line.startswith("resumed from checkpoint at step")
+    ]
+    last_before = max((r.step for r in first_run), default=None)
+    return {
+        "policy": run.policy,
+        "job_id": run.job_id,
+        "state": run.job.get("JobState"),
+        "restarts": int(run.job.get("Restarts", "0") or 0),
+        "final_nodes": nodes,
+        "excluded": run.job.get("ExcNodeList"),
+        "total_s": round(run.total_s, 1),
+        "onset_step": run.onset_step,
+        "detection_step": int(detection["step"]) if detection else None,
+        "detection_delay_steps": (
+            int(detection["step"]) - run.onset_step
+            if detection and run.onset_step is not None
+            else None
+        ),
+        "detection_delay_s": (
+            round(float(detection["detected_ts"]) - run.onset_ts, 1)
+            if detection and run.onset_ts
+            else None
+        ),
+        "onset_to_requeue_s": (
+            round(requeue_ts - run.onset_ts, 1) if requeue_ts and run.onset_ts else None
+        ),
+        "steps_per_s_before": round(rate(first_run, None, run.onset_ts), 2),
+        "steps_per_s_during": round(rate(first_run, run.onset_ts, None), 2),
+        "steps_per_s_after": round(rate(second_run), 2),
+        "resumed_from_step": resumed[-1] if resumed else None,
+        "work_lost_steps": (
+            last_before + 1 - resumed[-1] if resumed and last_before is not None else None
+        ),
+        "decisions": [
+            {k: d.get(k) for k in ("id", "node", "decision", "action", "state", "reasons")}
+            for d in run.decisions
+        ],
+    }

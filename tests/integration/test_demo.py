@@ -1,0 +1,46 @@
+"""The demo scenario end to end, asserting on Slurm's answers: a real DDP job (gloo), node3
+slowed down by a cgroup CPU quota, detected, the job requeued without node3, resumed from its
+checkpoint and completed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.config import Settings
+from slurm_plugin.demo.run import run_scenario, summarize
+from slurm_plugin.devcluster import DevCluster
+
+pytest.importorskip("torch", reason="the torch extra is installed by `make install`")
+
+
+def test_straggler_is_evicted_and_the_job_resumes_elsewhere(
+    cluster: DevCluster, tmp_path: Path
+) -> None:
+    """Final NodeList without node3, Restarts=1, resumed from a checkpoint step > 0,
+    COMPLETED, detected within 30 steps of the onset."""
+    run = run_scenario(
+        Settings(),
+        cluster,
+        tmp_path / "demo",
+        policy="evict",
+        steps=200,
+        slow_at=80,
+        quota_pct=15,
+        redis_db=10,
+        say=lambda _line: None,
+        timeout_s=300,
+    )
+    summary = summarize(run)
+    assert summary["state"] == "COMPLETED"
+    assert summary["restarts"] == 1
+    assert "node3" not in summary["final_nodes"]
+    assert summary["excluded"] == "node3"
+    assert summary["resumed_from_step"] is not None
+    assert summary["resumed_from_step"] > 0
+    assert summary["detection_delay_steps"] is not None
+    assert 0 <= summary["detection_delay_steps"] <= 30
+    evictions = [d for d in run.decisions if d.get("action") == "evict"]
+    assert [d["node"] for d in evictions] == ["node3"]
+    assert evictions[0]["state"] == "verified"
