@@ -93,8 +93,8 @@ static int opt_min_slowdown(int val, const char *optarg, int remote)
     errno = 0;
     pct = optarg ? strtod(optarg, &end) : -1.0;
     if (optarg == NULL || errno != 0 || end == optarg || *end != '\0' || pct < 0.1
-        || pct > 100.0) {
-        slurm_error("straggler: --straggler-min-slowdown must be a percentage 0.1..100, "
+        || pct > 1000.0) {
+        slurm_error("straggler: --straggler-min-slowdown must be a percentage 0.1..1000, "
                     "not '%s'", optarg ? optarg : "");
         return -1;
     }

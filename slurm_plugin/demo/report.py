@@ -95,6 +95,8 @@ def write_report(
             f"<h2>policy {html.escape(run.policy)} — job {run.job_id}</h2>"
             f"{_svg(run, summary)}<table>{rows}</table><pre>{decisions}</pre>"
         )
+    if runs:
+        path.with_name("plot.svg").write_text(_svg(*runs[0]))
     goodput = f"<p><b>Total job time with eviction / without: {ratio:.2f}</b></p>" if ratio else ""
     path.write_text(
         "<!doctype html><meta charset='utf-8'><title>slurm-straggler demo</title>"

@@ -22,7 +22,7 @@ class DetectionPolicy(_Strict):
     """How sensitive detection is."""
 
     min_slowdown_pct: float = Field(
-        3.0, gt=0, le=100, description="Smallest compute slowdown of a rank worth acting on, %."
+        3.0, gt=0, le=1000, description="Smallest compute slowdown of a rank worth acting on, %."
     )
     false_alarm_arl: float = Field(
         DEFAULT_ARL,

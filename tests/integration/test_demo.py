@@ -26,7 +26,7 @@ def test_straggler_is_evicted_and_the_job_resumes_elsewhere(
         tmp_path / "demo",
         policy="evict",
         steps=200,
-        slow_at=80,
+        slow_at=60,
         quota_pct=15,
         redis_db=10,
         say=lambda _line: None,
