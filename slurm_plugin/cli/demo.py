@@ -12,7 +12,7 @@ from slurm_plugin.devcluster import DevCluster
 
 
 @click.command("demo")
-@click.option("--steps", type=int, default=600, show_default=True, help="Training steps.")
+@click.option("--steps", type=int, default=400, show_default=True, help="Training steps.")
 @click.option(
     "--slow-at",
     type=int,
@@ -24,7 +24,7 @@ from slurm_plugin.devcluster import DevCluster
     "--quota",
     "quota_pct",
     type=float,
-    default=15.0,
+    default=10.0,
     show_default=True,
     help="CPU quota of the slowed node, percent of one CPU.",
 )

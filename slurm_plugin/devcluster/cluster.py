@@ -18,14 +18,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from string import Template
 
-import redis
 import structlog
 
 from slurm_plugin.config import Settings
 from slurm_plugin.devcluster import procs
 from slurm_plugin.errors import CommandError, DevClusterError
 from slurm_plugin.slurm.runner import run_command
-from slurm_plugin.telemetry.store import connect
+from slurm_plugin.telemetry.store import ping
 
 log = structlog.get_logger(__name__)
 
@@ -387,13 +386,7 @@ class DevCluster:
         raise DevClusterError(f"nodes not ready in time: {states or 'sinfo did not answer'}")
 
     def _redis_ok(self) -> bool:
-        client = connect(self.redis_url, timeout_s=1, retries=0)
-        try:
-            return bool(client.ping())
-        except redis.RedisError:
-            return False
-        finally:
-            client.close()
+        return ping(self.redis_url, timeout_s=1)
 
     # -- status and down -----------------------------------------------------------------------
     def status(self) -> ClusterStatus:

@@ -59,6 +59,17 @@ def connect(
         raise RedisUnavailableError(f"bad Redis URL {_redact(url)!r}: {exc}") from exc
 
 
+def ping(url: str, timeout_s: float = 1.0) -> bool:
+    """True when the Redis at ``url`` answers a PING right now (no retries)."""
+    client = connect(url, timeout_s=timeout_s, retries=0)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
 def _redact(url: str) -> str:
     """The URL without its password, for messages."""
     if "@" not in url:

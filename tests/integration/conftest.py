@@ -22,7 +22,7 @@ from slurm_plugin.service.factory import build
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.parsers import expand_hostlist, parse_scontrol_record
 from slurm_plugin.slurm.runner import CommandResult, run_command
-from slurm_plugin.telemetry.store import connect
+from slurm_plugin.telemetry.store import ping
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -168,13 +168,7 @@ class RedisServer:
         wait_for(self.ping, 10, f"redis-server on port {self.port}")
 
     def ping(self) -> bool:
-        client = connect(self.url, timeout_s=0.5, retries=0)
-        try:
-            return bool(client.ping())
-        except redis.RedisError:
-            return False
-        finally:
-            client.close()
+        return ping(self.url, timeout_s=0.5)
 
     def stop(self) -> None:
         from slurm_plugin.devcluster import procs  # noqa: PLC0415

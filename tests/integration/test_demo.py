@@ -27,7 +27,7 @@ def test_straggler_is_evicted_and_the_job_resumes_elsewhere(
         policy="evict",
         steps=200,
         slow_at=60,
-        quota_pct=15,
+        quota_pct=10,
         redis_db=10,
         say=lambda _line: None,
         timeout_s=300,
