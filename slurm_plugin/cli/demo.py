@@ -16,7 +16,7 @@ from slurm_plugin.devcluster import DevCluster
 @click.option(
     "--slow-at",
     type=int,
-    default=150,
+    default=60,
     show_default=True,
     help="Step at which node3 is slowed down.",
 )

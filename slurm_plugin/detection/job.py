@@ -93,7 +93,7 @@ class JobDetector:
         self._rank_s = np.zeros((charts, n))
         self._node_s = np.zeros((charts, len(self.node_names)))
         self._input_s = np.zeros(n)
-        self._flagged: set[tuple[str, str]] = set()
+        self._flagged: dict[tuple[str, str], int] = {}  # (node, kind) -> step reported
         self._tail: _Tail | None = None
         self._warm: list[F64] = []
         self._base: tuple[float, float, float] | None = None
@@ -243,9 +243,11 @@ class JobDetector:
         events: list[Event] = []
         for row, kind, rank, node_index, score in candidates:
             node = self.node_names[node_index]
-            if (node, kind) in self._flagged:
-                continue
-            self._flagged.add((node, kind))
+            step = int(b.steps[row])
+            reported = self._flagged.get((node, kind))
+            if reported is not None and step - reported < self.params.rearm_steps:
+                continue  # reported recently; a straggler that persists is reported again later
+            self._flagged[(node, kind)] = step
             events.append(self._attribute(b, row, kind, rank, node_index, score, k0, window))
         return events
 

@@ -34,6 +34,7 @@ class DetectionParams:
     sync_stall_steps: float = 10.0
     lag_steps: int = 3
     attribution_steps: int = 32
+    rearm_steps: int = 200
 
     def __post_init__(self) -> None:
         checks = {
@@ -53,6 +54,7 @@ class DetectionParams:
             "sync_stall_steps": self.sync_stall_steps > 0,
             "lag_steps": self.lag_steps >= 0,
             "attribution_steps": self.attribution_steps >= 1,
+            "rearm_steps": self.rearm_steps >= 1,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:

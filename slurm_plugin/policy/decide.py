@@ -93,6 +93,11 @@ def _blockers(
         reasons.append(f"already evicted {ctx.evictions} times (max {policy.actions.max_requeues})")
     if ctx.last_eviction_ts is not None and now - ctx.last_eviction_ts < policy.actions.cooldown_s:
         reasons.append(f"cooldown: last eviction {now - ctx.last_eviction_ts:.0f} s ago")
+    if event.slowdown_pct < policy.detection.min_slowdown_pct:
+        reasons.append(
+            f"estimated slowdown {event.slowdown_pct:.1f}% is below the policy's "
+            f"minimum of {policy.detection.min_slowdown_pct:g}%"
+        )
     needed = job.node_count + policy.safety.min_spare_nodes
     left = _usable_after_exclusion(job, node, cluster.nodes)
     if left < needed:

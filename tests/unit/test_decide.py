@@ -119,6 +119,7 @@ def test_goodput_rule_refuses_when_little_time_is_left() -> None:
         ({"cluster": ClusterContext(nodes=NODES, evictions_last_hour=10)}, "budget spent"),
         ({"cluster": ClusterContext(nodes=NODES, paused=True)}, "paused"),
         ({"cluster": ClusterContext(nodes=NODES, breaker_open=True)}, "circuit breaker"),
+        ({"event": _event(slowdown=2.0)}, "below the policy's minimum of 3%"),
     ],
 )
 def test_rails_block_eviction(kwargs: dict[str, object], reason: str) -> None:
