@@ -13,7 +13,7 @@ from typing import Any
 import click
 import numpy as np
 
-from slurm_plugin.cli.output import emit_json, emit_table
+from slurm_plugin.cli.output import emit_json, emit_rows, emit_table
 from slurm_plugin.config import Settings
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.policy.history import NodeHistory
@@ -75,10 +75,11 @@ def policy_list(settings: Settings, as_json: bool) -> None:
         }
         for p in policies.values()
     ]
-    if as_json:
-        emit_json(rows)
-    else:
-        emit_table(rows, ["name", "mode", "min_slowdown_pct", "default", "source", "description"])
+    emit_rows(
+        rows,
+        ["name", "mode", "min_slowdown_pct", "default", "source", "description"],
+        as_json=as_json,
+    )
 
 
 @policy.command("show")
@@ -168,10 +169,9 @@ def nodes(settings: Settings, wanted: str | None, as_json: bool) -> None:
     _, state, _ = build(settings)
     now = time.time()
     rows = [_node_row(h, now) for h in state.nodes() if wanted in (None, h.state)]
-    if as_json:
-        emit_json(rows)
-    else:
-        emit_table(rows, ["node", "state", "incidents", "jobs", "score", "last_incident"])
+    emit_rows(
+        rows, ["node", "state", "incidents", "jobs", "score", "last_incident"], as_json=as_json
+    )
 
 
 @click.group("node")
@@ -279,10 +279,7 @@ def jobs(settings: Settings, as_json: bool) -> None:
                 "waiting": js.get("waiting") or "-",
             }
         )
-    if as_json:
-        emit_json(rows)
-    else:
-        emit_table(rows, ["job", "user", "nodes", "restarts", "evictions", "waiting"])
+    emit_rows(rows, ["job", "user", "nodes", "restarts", "evictions", "waiting"], as_json=as_json)
 
 
 @click.group("job")
@@ -373,10 +370,9 @@ def audit(settings: Settings, job_id: str | None, since: str, as_json: bool) -> 
     """Every decision and state change."""
     _, state, _ = build(settings)
     entries = state.audit(time.time() - parse_duration(since), job_id)
-    if as_json:
-        emit_json(entries)
-    else:
-        emit_table(entries, ["id", "state", "action", "job_id", "node", "decision", "reasons"])
+    emit_rows(
+        entries, ["id", "state", "action", "job_id", "node", "decision", "reasons"], as_json=as_json
+    )
 
 
 @click.command("status")

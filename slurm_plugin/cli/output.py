@@ -21,3 +21,11 @@ def emit_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> Non
     click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
     for r in cells:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def emit_rows(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, as_json: bool) -> None:
+    """Rows as JSON (every field) or as a table of ``columns``."""
+    if as_json:
+        emit_json(list(rows))
+    else:
+        emit_table(rows, columns)
