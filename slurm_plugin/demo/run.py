@@ -135,7 +135,7 @@ def run_scenario(
                     f"step {step}: {SLOW_NODE} limited to {quota_pct:g}% of a CPU "
                     f"({moved} processes)"
                 )
-            decisions = _decisions(state, run.job_id)
+            decisions = state.job_decisions(run.job_id)
             latest = decisions[-1] if decisions else {}
             line = (
                 f"[{time.time() - run.started:5.1f}s] {record.get('JobState', '?'):9} "
@@ -156,7 +156,7 @@ def run_scenario(
             run_command(["scontrol", "-o", "show", "job", run.job_id], timeout_s=15, env=env).stdout
         )
         run.records = list(store.iter_steps(run.job_id))
-        run.decisions = _decisions(state, run.job_id)
+        run.decisions = state.job_decisions(run.job_id)
         run.output = (work / "job.log").read_text() if (work / "job.log").exists() else ""
     finally:
         quota.remove()
@@ -182,17 +182,6 @@ def _prolog(work: Path, url: str) -> Path:
     )
     target.chmod(0o755)
     return target
-
-
-def _decisions(state: ServiceState, job_id: str) -> list[dict[str, str]]:
-    merged: dict[str, dict[str, str]] = {}
-    for entry in state.audit(job_id=job_id):
-        merged.setdefault(entry["id"], {}).update(entry)
-        if entry.get("state") == "held":  # the moment the job was requeued
-            merged[entry["id"]]["held_ts"] = entry.get("updated_at", "")
-    return sorted(
-        merged.values(), key=lambda d: float(d.get("detected_ts") or d.get("updated_at") or 0)
-    )
 
 
 def summarize(run: DemoRun) -> dict[str, Any]:

@@ -80,6 +80,18 @@ class ServiceState:
         out = [fields for _, fields in entries]
         return [e for e in out if job_id is None or e.get("job_id") == job_id]
 
+    def job_decisions(self, job_id: str) -> list[dict[str, str]]:
+        """A job's decisions, each with its latest fields merged from the audit trail and
+        ``held_ts`` (when the job was requeued), ordered by detection time."""
+        merged: dict[str, dict[str, str]] = {}
+        for entry in self.audit(job_id=job_id):
+            merged.setdefault(entry["id"], {}).update(entry)
+            if entry.get("state") == "held":
+                merged[entry["id"]]["held_ts"] = entry.get("updated_at", "")
+        return sorted(
+            merged.values(), key=lambda d: float(d.get("detected_ts") or d.get("updated_at") or 0)
+        )
+
     def evictions_since(self, since: float) -> int:
         """Evictions started since ``since`` (for the hourly budget)."""
         return sum(1 for e in self.audit(since) if e.get("state") == "held")

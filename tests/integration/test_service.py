@@ -47,10 +47,7 @@ def _submit(
 
 
 def _decisions(state: ServiceState, job: str) -> dict[str, dict[str, str]]:
-    found: dict[str, dict[str, str]] = {}
-    for entry in state.audit(job_id=job):
-        found.setdefault(entry["id"], {}).update(entry)
-    return found
+    return {d["id"]: d for d in state.job_decisions(job)}
 
 
 def _admin_comment(slurm: Slurm, job: str) -> str:

@@ -102,10 +102,7 @@ def test_options_are_registered_and_bound_the_service(
     assert (meta["policy"], meta["max_requeues"]) == ("evict", "1")
 
     def decisions() -> list[dict[str, str]]:
-        found: dict[str, dict[str, str]] = {}
-        for entry in state.audit(job_id=job):
-            found.setdefault(entry["id"], {}).update(entry)
-        return list(found.values())
+        return state.job_decisions(job)
 
     wait_for(lambda: slurm.job(job)["Restarts"] == "1", 60, "the first eviction")
     wait_for(
