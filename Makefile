@@ -8,9 +8,9 @@ PYTEST_ARGS ?=
 # The torch extra (DDP tests, examples). Pinned so pip takes the CPU wheel where one is on disk.
 TORCH_SPEC ?= torch==2.13.0
 APT_PACKAGES := slurmctld slurmd slurm-client munge libslurm-dev redis-server gcc make \
-                hostname util-linux python3-venv python3-pip
+                hostname util-linux python3-venv python3-pip openssl
 SYSTEM_PROGRAMS := munged slurmctld slurmd scontrol sinfo squeue sbatch scancel redis-server \
-                   unshare hostname gcc
+                   unshare hostname gcc openssl runuser
 
 .PHONY: install system-packages test demo lint cluster-up cluster-down clean
 

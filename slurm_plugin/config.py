@@ -9,9 +9,12 @@ the file are errors that name the key and the file.
 from __future__ import annotations
 
 import os
+import stat
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError
 from pydantic_settings import (
@@ -42,6 +45,28 @@ class Settings(BaseSettings):
     )
     redis_cluster: bool = Field(
         default=False, description="Treat redis_url as a Redis Cluster seed node."
+    )
+    redis_tls_ca_file: Path | None = Field(
+        default=None,
+        description="rediss:// only: CA bundle that signed the server's certificate "
+        "(None: the system's trust store).",
+    )
+    redis_tls_cert_file: Path | None = Field(
+        default=None, description="rediss:// only: client certificate, for mutual TLS."
+    )
+    redis_tls_key_file: Path | None = Field(
+        default=None, description="rediss:// only: the client certificate's private key."
+    )
+    job_credentials: bool = Field(
+        default=False,
+        description="The prolog creates a Redis ACL user per job that may only append to that "
+        "job's telemetry, writes its credential to job_credentials_dir for the job's user "
+        "alone, and the epilog deletes both (docs/security.md).",
+    )
+    job_credentials_dir: Path = Field(
+        default=Path("/run/slurm-straggler/jobs"),
+        description="Where the prolog writes per-job credential files (JOBID.toml); ranks "
+        "read theirs from here ($STRAGGLER_JOB_CREDENTIALS_DIR overrides on their side).",
     )
     telemetry_enabled: bool = Field(
         default=True, description="Publish in-job step timings (False: reporters do nothing)."
@@ -186,10 +211,40 @@ def _describe(exc: ValidationError) -> tuple[str, str | None]:
     return "; ".join(problems), first_field
 
 
+def holds_secret(values: Mapping[str, Any]) -> bool:
+    """True when settings values carry a credential (a password in ``redis_url``)."""
+    url = values.get("redis_url")
+    if not isinstance(url, str) or "://" not in url:
+        return False
+    try:
+        return bool(urlsplit(url).password)
+    except ValueError:
+        return True  # unparsable: treat as secret, the URL check reports it later
+
+
+def check_private(path: Path) -> None:
+    """Refuse a settings file that holds a credential unless only its owner can read it and
+    that owner is root or the user reading it (another user could have planted it)."""
+    info = path.stat()
+    if info.st_mode & 0o077:
+        raise ConfigError(
+            f"holds a Redis password but its mode is {stat.S_IMODE(info.st_mode):04o}: other "
+            "users can read or change it; `chmod 600` it",
+            path=path,
+        )
+    if info.st_uid not in {0, os.geteuid()}:
+        raise ConfigError(
+            f"holds a Redis password but belongs to uid {info.st_uid}, neither root nor us",
+            path=path,
+        )
+
+
 def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings:
     """Build the settings from all sources; raise :class:`ConfigError` naming field and file."""
     path = resolve_config_path(config_path)
     file_values = _read_toml(path) if path is not None else {}
+    if path is not None and holds_secret(file_values):
+        check_private(path)
     # The environment beats the file: drop file values that the environment sets.
     merged = {k: v for k, v in file_values.items() if _env_name(k) not in os.environ}
     merged.update(overrides)

@@ -13,16 +13,12 @@ from slurm_plugin.cli.output import emit_json
 from slurm_plugin.config import Settings
 from slurm_plugin.telemetry.records import sort_records
 from slurm_plugin.telemetry.sidecar import Sidecar
-from slurm_plugin.telemetry.store import TelemetryStore, connect
+from slurm_plugin.telemetry.store import TelemetryStore, connect_from
 from slurm_plugin.trace import write_trace
 
 
 def _store(settings: Settings) -> TelemetryStore:
-    return TelemetryStore(
-        connect(
-            settings.redis_url, timeout_s=settings.redis_timeout_s, cluster=settings.redis_cluster
-        )
-    )
+    return TelemetryStore(connect_from(settings))
 
 
 @click.command("export")

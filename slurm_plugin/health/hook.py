@@ -20,6 +20,7 @@ from typing import Any
 import structlog
 
 from slurm_plugin.config import Settings
+from slurm_plugin.errors import StragglerError
 from slurm_plugin.health.checks import (
     Finding,
     GpuThresholds,
@@ -178,14 +179,10 @@ def _fabric_findings(settings: Settings, result: HookResult) -> None:
 
 
 def _redis(settings: Settings) -> Any:
-    from slurm_plugin.telemetry.store import connect  # noqa: PLC0415 - only when needed
+    from slurm_plugin.telemetry.store import connect_from  # noqa: PLC0415 - only when needed
 
-    return connect(
-        settings.redis_url,
-        timeout_s=min(settings.redis_timeout_s, 2.0),
-        cluster=settings.redis_cluster,
-        retries=0,
-        decode=True,
+    return connect_from(
+        settings, timeout_s=min(settings.redis_timeout_s, 2.0), retries=0, decode=True
     )
 
 
@@ -219,6 +216,8 @@ def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult
             pipe.hset(keys.job_meta(result.job_id), mapping=meta)
             pipe.expire(keys.job_meta(result.job_id), keys.JOB_TTL_ACTIVE_S)
             pipe.execute()
+        if result.job_id and settings.job_credentials:
+            _issue_credential(client, settings, env, result)
         check = {
             "ts": time.time(),
             "job_id": result.job_id,
@@ -231,6 +230,45 @@ def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult
         client.hset(node_key, mapping=mapping)
     except Exception as exc:  # noqa: BLE001 - Redis trouble is our problem: fail open, loudly
         result.problems.append(f"Redis unavailable, persistent check skipped: {exc}")
+
+
+def _issue_credential(
+    client: Any, settings: Settings, env: Mapping[str, str], result: HookResult
+) -> None:
+    """The job's ACL user and its credential file (a problem, never a drain, when it fails:
+    the job then runs without telemetry)."""
+    from slurm_plugin.telemetry import credentials  # noqa: PLC0415
+
+    try:
+        uid, gid = int(env["SLURM_JOB_UID"]), int(env["SLURM_JOB_GID"])
+    except (KeyError, ValueError):
+        result.problems.append("SLURM_JOB_UID/GID missing: no job credential issued")
+        return
+    password = credentials.issue(client, result.job_id)
+    values: dict[str, str | bool | float] = {
+        "redis_url": credentials.job_url(settings.redis_url, result.job_id, password),
+        "redis_cluster": settings.redis_cluster,
+        "redis_timeout_s": settings.redis_timeout_s,
+        "telemetry_enabled": settings.telemetry_enabled,
+        "telemetry_flush_interval_s": settings.telemetry_flush_interval_s,
+    }
+    if settings.redis_tls_ca_file is not None:
+        values["redis_tls_ca_file"] = str(settings.redis_tls_ca_file)
+    path = credentials.credential_path(result.job_id, settings.job_credentials_dir)
+    try:
+        credentials.write_file(path, credentials.render(result.job_id, values), uid, gid)
+    except (OSError, StragglerError) as exc:
+        result.problems.append(f"cannot write the job credential {path}: {exc}")
+
+
+def _remove_credential_file(settings: Settings, result: HookResult) -> None:
+    from slurm_plugin.telemetry import credentials  # noqa: PLC0415
+
+    path = credentials.credential_path(result.job_id, settings.job_credentials_dir)
+    try:
+        credentials.remove_file(path)
+    except OSError as exc:
+        result.problems.append(f"cannot remove the job credential {path}: {exc}")
 
 
 def run_prolog(env: Mapping[str, str], settings: Settings) -> HookResult:
@@ -278,9 +316,14 @@ def run_epilog(env: Mapping[str, str], settings: Settings) -> HookResult:
                 )
             )
     try:
-        from slurm_plugin.telemetry import keys  # noqa: PLC0415
+        from slurm_plugin.telemetry import credentials, keys  # noqa: PLC0415
 
+        if result.job_id and settings.job_credentials:
+            # The file goes first: Redis being away must not leave a credential behind.
+            _remove_credential_file(settings, result)
         client = _redis(settings)
+        if result.job_id and settings.job_credentials:
+            credentials.revoke(client, result.job_id)
         if result.job_id:
             pipe = client.pipeline(transaction=False)
             for key in keys.job_keys(result.job_id):

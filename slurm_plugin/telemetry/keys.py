@@ -81,6 +81,16 @@ def job_events(job_id: str) -> str:
     return _job(job_id, "events")
 
 
+def job_credential(job_id: str) -> str:
+    """String: the password of the job's ACL user (admin-only; see telemetry.credentials)."""
+    return _job(job_id, "credential")
+
+
+def job_streams(job_id: str) -> list[str]:
+    """The keys a job's own credential may append to (and refresh the TTL of)."""
+    return [job_steps(job_id), job_events(job_id), job_gpu(job_id)]
+
+
 def job_keys(job_id: str) -> list[str]:
     """Every key of one job (for expiry and clean-up)."""
     return [

@@ -13,18 +13,20 @@ import os
 import socket
 import threading
 import time
+import tomllib
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import structlog
 
 from slurm_plugin.errors import StragglerError
-from slurm_plugin.telemetry import keys
+from slurm_plugin.telemetry import credentials, keys
 from slurm_plugin.telemetry.records import RawStep, encode_steps, is_valid_raw
-from slurm_plugin.telemetry.store import TelemetryStore, connect
+from slurm_plugin.telemetry.store import TelemetryStore, connect_from
 
 log = structlog.get_logger(__name__)
 
@@ -188,7 +190,7 @@ class StepReporter:
         if not job_id:
             return cls.disabled("not inside a Slurm job (SLURM_JOB_ID is not set)")
         try:
-            settings = load_settings()
+            settings = _job_settings(job_id, env, load_settings)
             if not settings.telemetry_enabled:
                 return cls.disabled("telemetry_enabled is false")
             rank = _env_int(env, "SLURM_PROCID", "RANK", default=0)
@@ -196,9 +198,7 @@ class StepReporter:
             attempt = _env_int(env, "SLURM_RESTART_COUNT", default=0)
             world = _env_int(env, "SLURM_NTASKS", "WORLD_SIZE", default=0)
             node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-            url, timeout = settings.redis_url, settings.redis_timeout_s
-            cluster = settings.redis_cluster
-            connect(url, timeout_s=timeout, cluster=cluster)  # validates the URL, sends nothing
+            connect_from(settings)  # validates the URL and TLS settings, sends nothing
             return cls(
                 job_id,
                 rank,
@@ -206,14 +206,14 @@ class StepReporter:
                 gpu,
                 attempt=attempt,
                 world_size=world,
-                store_factory=lambda: TelemetryStore(
-                    connect(url, timeout_s=timeout, cluster=cluster, retries=0)
-                ),
+                store_factory=lambda: TelemetryStore(connect_from(settings, retries=0)),
                 flush_interval_s=settings.telemetry_flush_interval_s,
                 buffer_records=settings.telemetry_buffer_records,
             )
         except StragglerError as exc:
             return cls.disabled(f"telemetry misconfigured: {exc}")
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            return cls.disabled(f"job credential file unusable: {exc}")
 
     # -- the training thread's API (hot path) ---------------------------------------------
     def record(
@@ -400,6 +400,18 @@ class StepReporter:
                 buffered=len(batch),
             )
         return False
+
+
+def _job_settings(job_id: str, env: Mapping[str, str], load: Callable[..., Any]) -> Any:
+    """The settings a rank publishes with: the job's credential file when the prolog wrote one
+    (its values beat the environment: the site chose them), else the usual sources."""
+    directory = env.get(credentials.DIR_ENV)
+    path = credentials.credential_path(job_id, Path(directory) if directory else None)
+    if not path.is_file():
+        return load()
+    with path.open("rb") as handle:  # unreadable: PermissionError -> OSError, handled below
+        values = tomllib.load(handle)
+    return load(path, **values)
 
 
 def _env_int(env: Mapping[str, str], *names: str, default: int) -> int:

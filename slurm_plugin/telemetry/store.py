@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 import structlog
@@ -26,9 +27,32 @@ from slurm_plugin.telemetry.records import (
     to_text,
 )
 
+if TYPE_CHECKING:
+    from slurm_plugin.config import Settings
+
 log = structlog.get_logger(__name__)
 
 RedisClient = redis.Redis | RedisCluster
+
+
+@dataclass(frozen=True)
+class Tls:
+    """TLS material for ``rediss://`` URLs (None: the system trust store, no client cert)."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    def options(self) -> dict[str, Any]:
+        """redis-py's ssl_* keyword arguments; the server's certificate is always verified."""
+        options: dict[str, Any] = {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
+        if self.ca_file is not None:
+            options["ssl_ca_certs"] = str(self.ca_file)
+        if self.cert_file is not None:
+            options["ssl_certfile"] = str(self.cert_file)
+        if self.key_file is not None:
+            options["ssl_keyfile"] = str(self.key_file)
+        return options
 
 
 def connect(
@@ -38,6 +62,7 @@ def connect(
     cluster: bool = False,
     retries: int = 1,
     decode: bool = False,
+    tls: Tls | None = None,
 ) -> RedisClient:
     """A client for ``url`` (``redis://`` or ``rediss://``); a cluster client when asked.
 
@@ -51,6 +76,12 @@ def connect(
         "retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
         "decode_responses": decode,
     }
+    if url.startswith("rediss://"):
+        options.update((tls or Tls()).options())
+    elif tls is not None and tls != Tls():
+        raise RedisUnavailableError(
+            f"TLS files are configured but {_redact(url)!r} is not a rediss:// URL"
+        )
     try:
         if cluster:
             return RedisCluster.from_url(url, **options)
@@ -59,9 +90,34 @@ def connect(
         raise RedisUnavailableError(f"bad Redis URL {_redact(url)!r}: {exc}") from exc
 
 
-def ping(url: str, timeout_s: float = 1.0) -> bool:
+def connect_from(
+    settings: Settings,
+    *,
+    retries: int = 1,
+    decode: bool = False,
+    timeout_s: float | None = None,
+) -> RedisClient:
+    """A client configured by ``settings``: URL, cluster mode, TLS material, timeout."""
+    return connect(
+        settings.redis_url,
+        timeout_s=settings.redis_timeout_s if timeout_s is None else timeout_s,
+        cluster=settings.redis_cluster,
+        retries=retries,
+        decode=decode,
+        tls=tls_from(settings),
+    )
+
+
+def tls_from(settings: Settings) -> Tls:
+    """The TLS material named by ``settings``."""
+    return Tls(
+        settings.redis_tls_ca_file, settings.redis_tls_cert_file, settings.redis_tls_key_file
+    )
+
+
+def ping(url: str, timeout_s: float = 1.0, tls: Tls | None = None) -> bool:
     """True when the Redis at ``url`` answers a PING right now (no retries)."""
-    client = connect(url, timeout_s=timeout_s, retries=0)
+    client = connect(url, timeout_s=timeout_s, retries=0, tls=tls)
     try:
         return bool(client.ping())
     except redis.RedisError:
@@ -137,7 +193,7 @@ class TelemetryStore:
                 approximate=True,
             )
         if refresh_ttl:
-            for key in keys.job_keys(job_id):
+            for key in keys.job_streams(job_id):
                 pipe.expire(key, keys.JOB_TTL_ACTIVE_S)
         try:
             pipe.execute()

@@ -99,3 +99,27 @@ def test_slurm_command_and_env(tmp_path: Path) -> None:
     assert settings.slurm_command("scontrol") == str(tmp_path / "scontrol")
     assert settings.slurm_env()["SLURM_CONF"] == str(tmp_path / "slurm.conf")
     assert Settings().slurm_command("squeue") == "squeue"
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
+def test_file_with_a_password_must_be_private(tmp_path: Path, mode: int) -> None:
+    """Admin credentials in a file others can read or change are refused, naming the mode."""
+    path = tmp_path / "config.toml"
+    path.write_text('redis_url = "redis://admin:s3cret@db:6379/0"\n')
+    path.chmod(mode)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert f"{mode:04o}" in str(info.value)
+    assert str(path) in str(info.value)
+    assert "s3cret" not in str(info.value)
+    path.chmod(0o600)
+    assert load_settings(path).redis_url.endswith("@db:6379/0")
+
+
+def test_file_without_a_password_may_be_world_readable(tmp_path: Path) -> None:
+    """Non-secret settings (no password in the URL) stay readable by the job's ranks."""
+    path = tmp_path / "config.toml"
+    path.write_text('redis_url = "rediss://db:6380/0"\nredis_tls_ca_file = "/etc/ca.pem"\n')
+    path.chmod(0o644)
+    settings = load_settings(path)
+    assert settings.redis_tls_ca_file == Path("/etc/ca.pem")

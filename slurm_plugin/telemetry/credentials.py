@@ -1,0 +1,149 @@
+"""Per-job Redis credentials: an ACL user per job that may only append to that job's telemetry.
+
+The prolog (root, admin credentials) calls :func:`issue` on every node of the job: the first
+node draws a random password and keeps it in an admin-only key, every node (re)creates the same
+ACL user from it, and writes a small settings file that only the job's user can read. Ranks
+find the file by job id (:func:`credential_path`) and publish with it. The epilog calls
+:func:`revoke`. What the job user may do is exactly :func:`job_rules`: XADD and EXPIRE on its
+own steps, events and GPU streams, and PING. No reads, no other keys, no admin commands.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from slurm_plugin.errors import TelemetryError
+from slurm_plugin.telemetry import keys
+
+#: Where ranks look for their credential when $STRAGGLER_JOB_CREDENTIALS_DIR is not set.
+DEFAULT_DIR = Path("/run/slurm-straggler/jobs")
+DIR_ENV = "STRAGGLER_JOB_CREDENTIALS_DIR"
+USER_PREFIX = "stg-job-"
+
+
+def username(job_id: str) -> str:
+    """The ACL user of a job."""
+    return USER_PREFIX + keys.check_job_id(job_id)
+
+
+def secret_key(job_id: str) -> str:
+    """Admin-only string key holding the job's password while the job runs."""
+    return keys.job_credential(job_id)
+
+
+def job_rules(job_id: str) -> list[str]:
+    """ACL SETUSER rules: append-only access to the job's own telemetry streams."""
+    return [
+        "reset",
+        "on",
+        "resetchannels",
+        "-@all",
+        "+xadd",
+        "+expire",
+        "+ping",
+        *(f"%W~{key}" for key in keys.job_streams(job_id)),
+    ]
+
+
+def job_url(admin_url: str, job_id: str, password: str) -> str:
+    """``admin_url`` with the job's user and password in place of the admin's."""
+    parts = urlsplit(admin_url)
+    host = parts.hostname or "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{quote(username(job_id), safe='')}:{quote(password, safe='')}@{host}"
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+
+
+def _all_nodes(client: Any) -> dict[str, Any]:
+    """ACL changes go to every node of a Redis Cluster (ACLs are per server)."""
+    from redis.cluster import RedisCluster  # noqa: PLC0415
+
+    return {"target_nodes": RedisCluster.ALL_NODES} if isinstance(client, RedisCluster) else {}
+
+
+def issue(client: Any, job_id: str, ttl_s: int = keys.JOB_TTL_ACTIVE_S) -> str:
+    """Create (or re-create, identically) the job's ACL user; return its password.
+
+    Idempotent and safe to run on every node of the job at once: SET NX picks one password.
+    """
+    key = secret_key(job_id)
+    client.set(key, secrets.token_urlsafe(32), nx=True, ex=ttl_s)
+    password = client.get(key)
+    if isinstance(password, bytes):
+        password = password.decode()
+    if not password:
+        raise TelemetryError(f"job {job_id}: credential vanished while being issued")
+    client.execute_command(
+        "ACL", "SETUSER", username(job_id), *job_rules(job_id), f">{password}", **_all_nodes(client)
+    )
+    return str(password)
+
+
+def revoke(client: Any, job_id: str) -> None:
+    """Delete the job's ACL user (its open connections are closed by Redis) and password."""
+    client.execute_command("ACL", "DELUSER", username(job_id), **_all_nodes(client))
+    client.delete(secret_key(job_id))
+
+
+def credential_path(job_id: str, directory: Path | None = None) -> Path:
+    """The file where the job's credential lives on a node."""
+    base = directory or Path(os.environ.get(DIR_ENV) or DEFAULT_DIR)
+    return base / f"{keys.check_job_id(job_id)}.toml"
+
+
+def render(job_id: str, values: Mapping[str, str | bool | float]) -> str:
+    """The credential file: a settings file (TOML) for the job's ranks alone."""
+    header = f"# straggler: Redis credential of job {job_id} only; prolog writes, epilog deletes."
+    lines = [header]
+    for name, value in values.items():
+        if isinstance(value, bool):
+            lines.append(f"{name} = {'true' if value else 'false'}")
+        elif isinstance(value, int | float):
+            lines.append(f"{name} = {value}")
+        else:
+            escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+            lines.append(f'{name} = "{escaped}"')
+    return "\n".join(lines) + "\n"
+
+
+def write_file(path: Path, text: str, uid: int, gid: int) -> None:
+    """Write ``text`` atomically as a 0600 file owned by ``uid``:``gid``.
+
+    The directory is created root-owned 0711: users can open a file whose name they know but
+    cannot list or plant files. Several prologs of one job may write the same file at once.
+    """
+    directory = path.parent
+    directory.mkdir(mode=0o711, parents=True, exist_ok=True)
+    info = directory.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise TelemetryError(f"{directory} is not a directory we own; refusing to write there")
+    if info.st_mode & 0o022:
+        directory.chmod(0o711)
+    tmp = directory / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        os.fchown(fd, uid, gid)
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    tmp.replace(path)
+
+
+def remove_file(path: Path) -> bool:
+    """Delete the credential file; True when one was there."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
