@@ -24,6 +24,9 @@ class HistoryParams:
     window_s: float = 7 * 24 * 3600.0
     half_life_s: float = 3 * 24 * 3600.0
     forgive_after_s: float = 14 * 24 * 3600.0
+    #: Only nodes with at least one incident backed by hardware evidence (sidecar or prolog:
+    #: throttling, XIDs, ECC, low clocks) become persistent; timing alone never drains.
+    require_corroboration: bool = False
 
     def __post_init__(self) -> None:
         if self.distinct_jobs < 2:
@@ -43,6 +46,8 @@ class Incident:
     slowdown_pct: float = 0.0
     cause: str = "compute"
     user: str = ""
+    #: Hardware evidence (sidecar samples or prolog findings) backed this incident.
+    corroborated: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,7 @@ def evaluate(
         len(recent) >= params.incidents
         and len(jobs) >= params.distinct_jobs
         and (len(sources) >= params.distinct_jobs)
+        and (not params.require_corroboration or any(i.corroborated for i in recent))
     )
     was = history.state == "persistent"
     if was:  # persistence lasts until forgiven, not until incidents age out of the window
@@ -105,8 +111,10 @@ def evaluate(
     )
     reasons = []
     if persistent and not was:
+        backed = sum(1 for i in recent if i.corroborated)
         reasons.append(
             f"{len(recent)} incidents in {len(jobs)} jobs within {params.window_s / 86400:g} days"
+            + (f", {backed} with hardware evidence" if backed else "")
         )
     return Transition(updated, became_persistent=persistent and not was, reasons=reasons)
 

@@ -66,6 +66,12 @@ class PersistencePolicy(_Strict):
     distinct_users: bool = Field(
         False, description="Count distinct users instead of distinct jobs."
     )
+    require_corroboration: bool = Field(
+        False,
+        description="Drain only nodes with at least one incident backed by hardware evidence "
+        "(sidecar throttle reasons/XIDs/low clocks, or a prolog finding): timing alone, which a "
+        "job's user controls, then never drains a node.",
+    )
 
     def params(self) -> HistoryParams:
         """The node history's parameters."""
@@ -76,6 +82,7 @@ class PersistencePolicy(_Strict):
             window_s=self.window_days * day,
             half_life_s=self.half_life_days * day,
             forgive_after_s=self.forgive_after_days * day,
+            require_corroboration=self.require_corroboration,
         )
 
 

@@ -7,6 +7,7 @@ context and the next one runs anyway.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import redis
 import structlog
 
 from slurm_plugin.config import Settings
@@ -28,6 +30,7 @@ from slurm_plugin.policy.loader import (
     policy_from_comment,
 )
 from slurm_plugin.policy.schema import Policy
+from slurm_plugin.service.evidence import EvidenceFilter, hardware_evidence
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.state import ServiceState
@@ -83,6 +86,7 @@ class Service:
         self.executor = Executor(scheduler, state, clock=clock)
         self.policies: dict[str, Policy] = {}
         self._detectors: dict[str, Detector] = {}
+        self._evidence = EvidenceFilter()
         self._job_policy: dict[str, str] = {}
         self._recovered = False
         self._flagged: list[tuple[float, str]] = []
@@ -152,6 +156,7 @@ class Service:
         for job_id in list(self._job_policy):
             if job_id not in running:
                 self._detectors[self._job_policy.pop(job_id)].forget(job_id)
+        self._evidence.forget_all_but(running)
         for job in running.values():
             policy = self.policy_for(job)
             if policy.actions.mode == "off":
@@ -182,7 +187,6 @@ class Service:
     def _ingest(self, job: JobInfo, detector: Detector, report: CycleReport) -> None:
         js = self.state.job(job.job_id)
         cursor = js.get("steps_cursor", "0-0")
-        allowed = set(job.nodes)
         records = []
         for _ in range(_MAX_ENTRIES_PER_JOB // 1000):
             page = self.store.read_steps(job.job_id, cursor, count=1000)
@@ -190,8 +194,13 @@ class Service:
             if page.last_id == cursor:
                 break
             cursor = page.last_id
+        kept, dropped = self._evidence.filter(job, records)
         self.state.update_job(job.job_id, steps_cursor=cursor)
-        kept = [r for r in records if r.node in allowed]
+        if dropped:
+            self.state.count_ignored(job.job_id, dropped)
+            for reason, count in dropped.items():
+                self.metrics.ignored.labels(reason=reason).inc(count)
+            log.warning("service.records_ignored", job_id=job.job_id, **dropped)
         report.ignored_records += len(records) - len(kept)
         report.records += len(kept)
         report.ranks += len({r.rank for r in kept})
@@ -273,7 +282,8 @@ class Service:
             )
             self._annotate(job, text, policy)
             return {"id": decision_id, "action": "report", "kind": event.kind}
-        self._remember(event, job, policy, nodes, now)
+        evidence = self._hardware_evidence(job, event)
+        self._remember(event, job, policy, nodes, now, corroborated=bool(evidence))
         decision = decide(event, job, policy, self._context(job), self._cluster(nodes, now), now)
         record = {
             **base,
@@ -283,6 +293,7 @@ class Service:
             "slowdown_pct": event.slowdown_pct,
             "score": event.score,
             "ranks": event.ranks[:32],
+            "hardware_evidence": evidence,
             "decision": decision.action,
             "reasons": decision.reasons,
             "saved_s": _round(decision.saved_s),
@@ -321,6 +332,17 @@ class Service:
         if decision.action == "annotate":
             self._annotate(job, mark, policy)
         return {"id": decision_id, "action": decision.action, "reasons": decision.reasons}
+
+    def _hardware_evidence(self, job: JobInfo, event: StragglerEvent) -> list[str]:
+        """Sidecar samples of the job on the event's node and the node's last prolog check."""
+        try:
+            samples = self.store.read_json(keys.job_gpu(job.job_id), count=50)
+            last_check = json.loads(self.state.node(event.node).get("last_check") or "{}")
+        except (StragglerError, redis.RedisError, ValueError) as exc:
+            log.warning("service.evidence_unreadable", job_id=job.job_id, error=str(exc))
+            return []
+        gpus = [event.gpu] if event.scope == "gpu" and event.gpu is not None else []
+        return hardware_evidence(samples, event.node, gpus, last_check)
 
     def _resume_waiting(
         self, job: JobInfo, nodes: tuple[NodeInfo, ...], now: float, report: CycleReport
@@ -402,11 +424,13 @@ class Service:
         policy: Policy,
         nodes: tuple[NodeInfo, ...],
         now: float,
+        *,
+        corroborated: bool = False,
     ) -> None:
         """Node history, persistent-straggler drain and the circuit breaker."""
         transition = record_incident(
             self.state.node_history(event.node),
-            Incident(job.job_id, now, event.slowdown_pct, event.cause, job.user),
+            Incident(job.job_id, now, event.slowdown_pct, event.cause, job.user, corroborated),
             policy.persistence.params(),
             distinct_users=policy.persistence.distinct_users,
         )

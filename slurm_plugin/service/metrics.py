@@ -37,6 +37,7 @@ class Metrics:
         self.cycle_seconds: Any = null
         self.decision_seconds: Any = null
         self.errors: Any = null
+        self.ignored: Any = null
         if not port:
             return
         try:
@@ -61,6 +62,12 @@ class Metrics:
         )
         self.errors = prom.Counter(
             "straggler_errors_total", "Errors", ["system"], registry=registry
+        )
+        self.ignored = prom.Counter(
+            "straggler_records_ignored_total",
+            "Telemetry records not believed (evidence rules)",
+            ["reason"],
+            registry=registry,
         )
         prom.start_http_server(port, registry=registry)
         self.enabled = True

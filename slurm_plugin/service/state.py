@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any, cast
 
@@ -108,6 +109,18 @@ class ServiceState:
         pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
         pipe.expire(key, keys.JOB_TTL_ACTIVE_S)
         pipe.execute()
+
+    def count_ignored(self, job_id: str, dropped: Mapping[str, int]) -> None:
+        """Add to the job's counts of telemetry records not believed, by reason."""
+        key = keys.job_service(job_id)
+        pipe = self.r.pipeline(transaction=False)
+        for reason, count in dropped.items():
+            pipe.hincrby(key, f"ignored_{reason}", count)
+        pipe.execute()
+
+    def node(self, node: str) -> dict[str, str]:
+        """A node's raw hash (history, state, last_check, prolog_finding...)."""
+        return cast("dict[str, str]", self.r.hgetall(keys.node(node)))
 
     def job_meta(self, job_id: str) -> dict[str, str]:
         """The job's registration (prolog), if any."""

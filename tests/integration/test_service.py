@@ -98,6 +98,8 @@ def test_evict_requeues_the_job_without_the_slow_node(
     assert evictions[0]["state"] == "verified"
     assert evictions[0]["node"] == "node3"
     assert not [d for d in decisions.values() if d.get("node") == "node9"]
+    assert int(state.job(job).get("ignored_foreign_node", "0")) > 0
+    assert evictions[0].get("hardware_evidence") == "[]"  # no sidecar, no prolog finding
     admin_comment = _admin_comment(slurm, job)
     assert admin_comment.startswith("straggler: compute node3")
     assert evictions[0]["id"] in admin_comment

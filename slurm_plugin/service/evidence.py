@@ -1,0 +1,113 @@
+"""Evidence rules: which telemetry records the service believes, and what corroborates them.
+
+A job's user controls what its ranks publish. So records only count when they fit what Slurm
+says about the job: the node is one of the job's nodes, the attempt is not in the future, and a
+rank stays on the node it was first seen on within an attempt. Everything else is dropped and
+counted by reason. Hardware evidence (sidecar GPU samples, the prolog's findings) is outside the
+job's control and is attached to every straggler decision.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_plugin.slurm.model import JobInfo
+from slurm_plugin.telemetry.records import StepRecord
+
+#: Throttle reasons that say the GPU itself is being slowed (not idle, not app clocks).
+SLOWING_THROTTLES = frozenset(
+    {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+)
+#: A GPU running below this share of its max SM clock under load is evidence.
+LOW_CLOCK_SHARE = 0.7
+
+
+@dataclass
+class _JobView:
+    attempt: int = -1
+    rank_nodes: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class EvidenceFilter:
+    """Keeps, per running job, the rank -> node binding of its current attempt."""
+
+    _jobs: dict[str, _JobView] = field(default_factory=dict)
+
+    def filter(
+        self, job: JobInfo, records: Iterable[StepRecord]
+    ) -> tuple[list[StepRecord], Counter[str]]:
+        """The records to believe, and the dropped ones counted by reason."""
+        view = self._jobs.setdefault(job.job_id, _JobView())
+        allowed = set(job.nodes)
+        kept: list[StepRecord] = []
+        dropped: Counter[str] = Counter()
+        for record in records:
+            if record.node not in allowed:
+                dropped["foreign_node"] += 1
+                continue
+            if record.attempt > job.restarts:
+                dropped["future_attempt"] += 1
+                continue
+            if record.attempt > view.attempt:
+                view.attempt, view.rank_nodes = record.attempt, {}
+            if record.attempt == view.attempt:
+                bound = view.rank_nodes.setdefault(record.rank, record.node)
+                if bound != record.node:
+                    dropped["rank_moved"] += 1
+                    continue
+            kept.append(record)
+        return kept, dropped
+
+    def forget(self, job_id: str) -> None:
+        """Drop a finished job's bindings."""
+        self._jobs.pop(job_id, None)
+
+    def forget_all_but(self, running: Iterable[str]) -> None:
+        """Drop every job not in ``running``."""
+        keep = set(running)
+        for job_id in [j for j in self._jobs if j not in keep]:
+            del self._jobs[job_id]
+
+
+def hardware_evidence(
+    samples: Sequence[Mapping[str, Any]],
+    node: str,
+    gpus: Iterable[int] = (),
+    last_check: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """What the sidecar's recent samples and the node's last prolog check say is wrong with
+    ``node`` (its GPUs ``gpus``, or all of them when empty); [] when nothing corroborates."""
+    wanted = set(gpus)
+    found: set[str] = set()
+    for sample in samples:
+        if sample.get("node") != node:
+            continue
+        for gpu in sample.get("gpus") or []:
+            if not isinstance(gpu, Mapping) or (wanted and gpu.get("index") not in wanted):
+                continue
+            index = gpu.get("index")
+            for reason in set(gpu.get("throttle_reasons") or []) & SLOWING_THROTTLES:
+                found.add(f"gpu{index} {reason}")
+            for xid in gpu.get("xids") or []:
+                found.add(f"gpu{index} xid {xid}")
+            low = _low_clock(gpu)
+            if low:
+                found.add(f"gpu{index} {low}")
+    for finding in (last_check or {}).get("findings") or []:
+        if isinstance(finding, Mapping) and finding.get("severity") in {"drain", "warn"}:
+            found.add(f"prolog {finding.get('check')}: {finding.get('message', '')}")
+    return sorted(found)
+
+
+def _low_clock(gpu: Mapping[str, Any]) -> str:
+    """ "sm clock X/Y MHz" when a busy GPU runs below LOW_CLOCK_SHARE of its max clock."""
+    clock, top = gpu.get("sm_clock_mhz"), gpu.get("sm_clock_max_mhz")
+    if "gpu_idle" in (gpu.get("throttle_reasons") or []):
+        return ""
+    if not isinstance(clock, int | float) or not isinstance(top, int | float) or top <= 0:
+        return ""
+    return f"sm clock {clock:.0f}/{top:.0f} MHz" if clock < LOW_CLOCK_SHARE * top else ""

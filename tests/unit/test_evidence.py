@@ -1,0 +1,102 @@
+"""Evidence rules: which records the service believes, and hardware corroboration."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from slurm_plugin.policy.history import HistoryParams, Incident, NodeHistory, record_incident
+from slurm_plugin.service.evidence import EvidenceFilter, hardware_evidence
+from slurm_plugin.slurm.model import JobInfo
+from slurm_plugin.telemetry.records import StepRecord
+
+JOB = JobInfo(
+    job_id="7",
+    name="train",
+    state="RUNNING",
+    reason="None",
+    nodes=("node1", "node2"),
+    excluded=(),
+    restarts=1,
+    requeue=True,
+    comment="",
+    admin_comment="",
+    partition="debug",
+    node_count=2,
+    user="alice",
+)
+
+
+def _rec(rank: int, node: str, attempt: int = 1, step: int = 0) -> StepRecord:
+    return StepRecord("7", rank, node, 0, step, 0.0, 0.1, 0.08, 0.02, 0.0, attempt)
+
+
+def test_records_that_do_not_fit_the_job_are_dropped_and_counted() -> None:
+    """Foreign nodes, future attempts and ranks that change node are dropped, by reason."""
+    evidence = EvidenceFilter()
+    records = [
+        _rec(0, "node1"),
+        _rec(1, "node2"),
+        _rec(2, "node9"),  # not one of the job's nodes
+        _rec(0, "node2", step=1),  # rank 0 was on node1 in this attempt
+        _rec(1, "node2", attempt=2),  # Slurm says restart count 1
+        _rec(1, "node1", attempt=0),  # an older attempt: the detector drops it later
+    ]
+    kept, dropped = evidence.filter(JOB, records)
+    assert kept == [records[0], records[1], records[5]]
+    assert dict(dropped) == {"foreign_node": 1, "rank_moved": 1, "future_attempt": 1}
+    # The binding outlives the batch: a later batch cannot move rank 0 either.
+    kept, dropped = evidence.filter(JOB, [_rec(0, "node2", step=2), _rec(0, "node1", step=2)])
+    assert [r.node for r in kept] == ["node1"]
+    assert dropped["rank_moved"] == 1
+
+
+def test_a_new_attempt_rebinds_ranks() -> None:
+    """After a requeue ranks may land on other nodes; the binding starts again."""
+    evidence = EvidenceFilter()
+    evidence.filter(replace(JOB, restarts=0), [_rec(0, "node1", attempt=0)])
+    kept, dropped = evidence.filter(JOB, [_rec(0, "node2", attempt=1)])
+    assert len(kept) == 1
+    assert not dropped
+    evidence.forget_all_but([])
+    kept, _ = evidence.filter(JOB, [_rec(0, "node1", attempt=1)])
+    assert len(kept) == 1  # forgotten: node1 is the first binding again
+
+
+def _sample(node: str, **gpu: object) -> dict[str, object]:
+    base = {"index": 2, "sm_clock_mhz": 1980, "sm_clock_max_mhz": 1980, "throttle_reasons": []}
+    return {"node": node, "gpus": [{**base, **gpu}]}
+
+
+def test_hardware_evidence_from_sidecar_and_prolog() -> None:
+    """Thermal/power throttling, XIDs, low clocks under load and prolog findings count."""
+    samples = [
+        _sample("node1", throttle_reasons=["hw_thermal_slowdown", "sw_power_cap"]),
+        _sample("node1", xids=[79]),
+        _sample("node1", sm_clock_mhz=900),
+        _sample("node2", throttle_reasons=["hw_slowdown"]),  # another node
+        _sample("node1", sm_clock_mhz=300, throttle_reasons=["gpu_idle"]),  # idle: not evidence
+    ]
+    check = {"findings": [{"check": "pcie", "severity": "warn", "message": "x8 of x16"}]}
+    assert hardware_evidence(samples, "node1", [2], check) == [
+        "gpu2 hw_thermal_slowdown",
+        "gpu2 sm clock 900/1980 MHz",
+        "gpu2 xid 79",
+        "prolog pcie: x8 of x16",
+    ]
+    assert hardware_evidence(samples, "node1", [5]) == []  # another GPU of node1
+    assert hardware_evidence([_sample("node1")], "node1") == []
+    assert hardware_evidence([{"node": "node1", "gpus": ["garbage", None]}], "node1") == []
+
+
+def test_require_corroboration_keeps_timing_alone_from_draining() -> None:
+    """With require_corroboration, incidents from many jobs and users do not make a node
+    persistent until one of them has hardware evidence."""
+    params = HistoryParams(incidents=3, distinct_jobs=2, require_corroboration=True)
+    history = NodeHistory("node1")
+    for i, job in enumerate(["1", "2", "3", "4"]):
+        transition = record_incident(history, Incident(job, 1000.0 + i, 10.0, user=job), params)
+        history = transition.history
+        assert not transition.became_persistent
+    transition = record_incident(history, Incident("5", 1010.0, 10.0, corroborated=True), params)
+    assert transition.became_persistent
+    assert "1 with hardware evidence" in transition.reasons[0]
