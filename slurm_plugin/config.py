@@ -87,6 +87,12 @@ class Settings(BaseSettings):
     service_interval_s: float = Field(
         default=2.0, gt=0, description="Seconds between service cycles."
     )
+    action_grace_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="How long an action whose outcome Slurm did not tell us (timeout, "
+        "slurmctld away) is re-checked before it is given up as not done.",
+    )
     metrics_port: int = Field(
         default=0, ge=0, le=65535, description="Prometheus metrics port (0: no endpoint)."
     )

@@ -1,9 +1,15 @@
 """Carry out decisions on Slurm, idempotently, persisting each step before the next.
 
 Eviction: planned -> held (requeuehold) -> excluded (ExcNodeList = old + node) -> released ->
-verified (Restarts went up, node excluded, job not held) or failed. A restarted service calls
-:meth:`Executor.recover`, which finishes every half-done eviction: a job we held is always
-released, never left held, and never requeued twice.
+verified (Restarts went up, node excluded, job not held) or failed. The service calls
+:meth:`Executor.recover` every cycle, which finishes every half-done eviction: a job we held is
+always released, never left held, and never requeued twice.
+
+When Slurm does not answer (scontrol timed out, slurmctld restarting) the outcome of a command
+is unknown, so the decision stays open and is re-checked against Slurm's answer next cycle:
+``planned`` becomes ``held`` once Slurm shows our requeue, or ``abandoned`` after
+``unknown_grace_s`` without it; a job held for ``max_hold_s`` without its exclusion going
+through is released anyway (``failed``, "released without exclusion") rather than kept held.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from collections.abc import Callable
 
 import structlog
 
-from slurm_plugin.errors import SlurmError
+from slurm_plugin.errors import CommandTimeoutError, SlurmError
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.model import JobInfo
@@ -32,12 +38,16 @@ class Executor:
         *,
         clock: Callable[[], float] = time.time,
         verify_timeout_s: float = 20.0,
+        unknown_grace_s: float = 60.0,
+        max_hold_s: float = 120.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.slurm = scheduler
         self.state = state
         self.clock = clock
         self.verify_timeout_s = verify_timeout_s
+        self.unknown_grace_s = unknown_grace_s
+        self.max_hold_s = max_hold_s
         self.sleep = sleep
 
     # -- eviction -------------------------------------------------------------------------------
@@ -55,20 +65,47 @@ class Executor:
                 "job_id": job.job_id,
                 "node": node,
                 "restarts_before": job.restarts,
+                "planned_at": f"{self.clock():.3f}",
             },
         )
         try:
             self.slurm.requeue_hold(job.job_id)
         except SlurmError as exc:
+            return self._hold_failed(decision_id, job, exc)
+        held_at = self.clock()
+        self.state.save_decision(decision_id, {"state": "held", "held_at": f"{held_at:.3f}"})
+        return self._finish(decision_id, job.job_id, node, job.restarts, held_at)
+
+    def _hold_failed(self, decision_id: str, job: JobInfo, exc: SlurmError) -> str:
+        """requeuehold failed: a refusal Slurm answered is final; otherwise (timeout, no
+        controller) the requeue may still happen, so the decision stays open for recover()."""
+        try:
+            now = self.slurm.job(job.job_id)
+        except SlurmError:
+            now = None
+        if now is not None and now.held and now.restarts > job.restarts:
+            held_at = self.clock()
+            self.state.save_decision(
+                decision_id,
+                {"state": "held", "held_at": f"{held_at:.3f}", "note": f"requeuehold: {exc}"},
+            )
+            return self._finish(decision_id, job.job_id, "", job.restarts, held_at)
+        if now is not None and now.running and not _timed_out(exc):
             self.state.save_decision(
                 decision_id, {"state": "failed", "error": f"requeuehold: {exc}"}
             )
+            self.state.uncount_eviction(job.job_id)
             return "failed"
-        self.state.save_decision(decision_id, {"state": "held"})
-        return self._finish(decision_id, job.job_id, node, job.restarts)
+        self.state.save_decision(
+            decision_id, {"error": f"requeuehold: {exc} (outcome unknown; re-checked)"}
+        )
+        return "pending"
 
-    def _finish(self, decision_id: str, job_id: str, node: str, restarts_before: int) -> str:
+    def _finish(
+        self, decision_id: str, job_id: str, node: str, restarts_before: int, held_at: float
+    ) -> str:
         """From 'held' on: exclude (merging old exclusions), release, verify."""
+        node = node or self.state.decision(decision_id).get("node", "")
         error = None
         try:
             current = self.slurm.job(job_id)
@@ -77,17 +114,18 @@ class Executor:
                 self.slurm.set_excluded(job_id, excluded)
             self.state.save_decision(decision_id, {"state": "excluded", "excluded": excluded})
         except SlurmError as exc:
-            error = f"exclude: {exc}"
+            if self.clock() - held_at < self.max_hold_s:
+                self.state.save_decision(decision_id, {"error": f"exclude: {exc} (retrying)"})
+                return "pending"
+            error = f"exclude: {exc}; released without exclusion after {self.max_hold_s:g} s"
         try:
             self.slurm.release(job_id)  # idempotent: harmless on a job that is not held
-            self.state.save_decision(decision_id, {"state": "released"})
         except SlurmError as exc:
-            error = error or f"release: {exc}"
-            self.state.save_decision(decision_id, {"state": "failed", "error": error})
-            log.exception(
-                "executor.release_failed", decision_id=decision_id, job_id=job_id, error=str(exc)
-            )
-            return "failed"
+            # Never give up on a job we hold: the decision stays open, recover() retries.
+            self.state.save_decision(decision_id, {"error": f"release: {exc} (retrying)"})
+            log.warning("executor.release_failed", decision_id=decision_id, error=str(exc))
+            return "pending"
+        self.state.save_decision(decision_id, {"state": "released"})
         if error:
             self.state.save_decision(decision_id, {"state": "failed", "error": error})
             return "failed"
@@ -97,8 +135,10 @@ class Executor:
         deadline = self.clock() + self.verify_timeout_s
         detail = "no answer"
         while True:
+            answered = False
             try:
                 job = self.slurm.job(job_id)
+                answered = True
                 ok = (
                     node in job.excluded
                     and job.restarts > restarts_before
@@ -116,6 +156,9 @@ class Executor:
             except SlurmError as exc:
                 detail = str(exc)
             if self.clock() >= deadline:
+                if not answered:  # Slurm away: verify again next cycle
+                    self.state.save_decision(decision_id, {"error": f"verify: {detail}"})
+                    return "pending"
                 self.state.save_decision(
                     decision_id, {"state": "failed", "error": f"verify: {detail}"}
                 )
@@ -135,20 +178,33 @@ class Executor:
             try:
                 job = self.slurm.job(job_id)
             except SlurmError as exc:
-                self.state.save_decision(
-                    decision_id, {"state": "failed", "error": f"recover: {exc}"}
-                )
+                if "Invalid job id" in str(exc):
+                    self.state.save_decision(
+                        decision_id, {"state": "failed", "error": f"recover: {exc}"}
+                    )
+                else:  # Slurm away: try again next cycle
+                    self.state.save_decision(decision_id, {"error": f"recover: {exc}"})
                 continue
+            now = self.clock()
             if state == "planned" and not (job.held and job.restarts > before):
+                # An scontrol started before a crash or timeout may still land: wait a while.
+                if now - _float(rec.get("planned_at"), now) < self.unknown_grace_s:
+                    continue
                 # requeuehold never happened: nothing to undo; detection will speak again.
                 self.state.save_decision(
-                    decision_id, {"state": "abandoned", "error": "service stopped before acting"}
+                    decision_id,
+                    {"state": "abandoned", "error": rec.get("error") or "stopped before acting"},
                 )
+                self.state.uncount_eviction(job_id)
             elif state == "released":
                 self._verify(decision_id, job_id, node, before)
             else:  # planned (held by us), held or excluded
-                self.state.save_decision(decision_id, {"state": "held", "recovered": "yes"})
-                self._finish(decision_id, job_id, node, before)
+                held_at = _float(rec.get("held_at"), now) if state != "planned" else now
+                if state == "planned":
+                    self.state.save_decision(
+                        decision_id, {"state": "held", "held_at": f"{now:.3f}", "recovered": "yes"}
+                    )
+                self._finish(decision_id, job_id, node, before, held_at)
             done.append(decision_id)
         return done
 
@@ -192,3 +248,14 @@ class Executor:
             decision_id, {"state": "verified", "action": "resume", "node": node, "was": reason}
         )
         return True
+
+
+def _timed_out(exc: SlurmError) -> bool:
+    return isinstance(exc.__cause__, CommandTimeoutError)
+
+
+def _float(text: str | None, default: float) -> float:
+    try:
+        return float(text) if text else default
+    except ValueError:
+        return default

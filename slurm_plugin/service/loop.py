@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import redis
@@ -83,12 +83,13 @@ class Service:
         self.clock = clock
         self.instance = instance or f"{socket.gethostname()}:{os.getpid()}"
         self.metrics = metrics or Metrics()
-        self.executor = Executor(scheduler, state, clock=clock)
+        self.executor = Executor(
+            scheduler, state, clock=clock, unknown_grace_s=settings.action_grace_s
+        )
         self.policies: dict[str, Policy] = {}
         self._detectors: dict[str, Detector] = {}
         self._evidence = EvidenceFilter()
         self._job_policy: dict[str, str] = {}
-        self._recovered = False
         self._flagged: list[tuple[float, str]] = []
 
     # -- policies ---------------------------------------------------------------------------
@@ -147,9 +148,9 @@ class Service:
         if not report.leader:
             return
         self.reload_policies()
-        if not self._recovered:
-            self.executor.recover()
-            self._recovered = True
+        # Every cycle, not only after a restart: actions whose outcome Slurm did not tell us
+        # (timeouts, a restarting slurmctld) are finished as soon as it answers again.
+        self.executor.recover()
         jobs = self.slurm.jobs()
         running = {j.job_id: j for j in jobs if j.running}
         nodes = tuple(self.slurm.nodes())
@@ -312,15 +313,18 @@ class Service:
             action=decision.action,
             reasons=decision.reasons,
         )
+        if decision.action == "evict" and self._evicting(job.job_id):
+            decision = replace(decision, action="none", reasons=["an eviction is in progress"])
         if decision.action == "evict":
             self._annotate(job, mark, policy)
-            outcome = self.executor.evict(decision_id, job, event.node, record)
+            # Counted before acting: a crash mid-eviction must not allow one more than the max.
             self.state.update_job(
                 job.job_id,
                 evictions=self._context(job).evictions + 1,
                 last_eviction_ts=f"{now:.3f}",
                 waiting="",
             )
+            outcome = self.executor.evict(decision_id, job, event.node, record)
             self.metrics.actions.labels(action="evict", outcome=outcome).inc()
             self.metrics.decision_seconds.observe(max(0.0, self.clock() - event.ts))
             return {"id": decision_id, "action": "evict", "outcome": outcome}
@@ -332,6 +336,13 @@ class Service:
         if decision.action == "annotate":
             self._annotate(job, mark, policy)
         return {"id": decision_id, "action": decision.action, "reasons": decision.reasons}
+
+    def _evicting(self, job_id: str) -> bool:
+        """An eviction of this job is still open (its outcome not yet known)."""
+        return any(
+            d.get("job_id") == job_id and d.get("action") == "evict" and d.get("state") != "waiting"
+            for d in self.state.open_decisions()
+        )
 
     def _hardware_evidence(self, job: JobInfo, event: StragglerEvent) -> list[str]:
         """Sidecar samples of the job on the event's node and the node's last prolog check."""

@@ -110,6 +110,13 @@ class ServiceState:
         pipe.expire(key, keys.JOB_TTL_ACTIVE_S)
         pipe.execute()
 
+    def uncount_eviction(self, job_id: str) -> None:
+        """An eviction counted before acting never happened: give the job its count back."""
+        key = keys.job_service(job_id)
+        if int(self.r.hincrby(key, "evictions", -1)) < 0:
+            self.r.hset(key, "evictions", "0")
+        self.r.hset(key, "last_eviction_ts", "")
+
     def count_ignored(self, job_id: str, dropped: Mapping[str, int]) -> None:
         """Add to the job's counts of telemetry records not believed, by reason."""
         key = keys.job_service(job_id)

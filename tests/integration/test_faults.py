@@ -1,0 +1,263 @@
+"""Fault tolerance of the policy service on the real cluster: the service SIGKILLed after each
+step of an eviction, scontrol timing out, slurmctld restarting mid-eviction, Redis restarting.
+
+Faults are injected by a wrapper around the real ``scontrol`` (``slurm_bin_dir``): when its
+argv matches, it fires once, before or after running the real command. Afterwards, always: the
+job runs again without the slow node, requeued exactly once, not held by us, and every
+decision in the audit has reached a final state.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.config import load_settings
+from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.service.factory import build
+from slurm_plugin.service.state import ServiceState
+from tests.integration.conftest import REPO, RedisServer, Slurm, free_port, wait_for
+from tests.integration.test_service import _submit
+
+WRAPPER = """#!/bin/sh
+# Test wrapper around the real scontrol; fires an armed fault once.
+dir="$(dirname "$0")"
+hit=no
+case " $* " in *" {match}"*) mv "$dir/armed" "$dir/fired" 2>/dev/null && hit=yes ;; esac
+if [ "$hit" = yes ] && [ "{when}" = before ]; then {action}; fi
+echo "$*" >> "$dir/calls.log"
+{real} "$@"
+rc=$?
+if [ "$hit" = yes ] && [ "{when}" = after ]; then {action}; fi
+exit $rc
+"""
+
+KILL_SERVICE = "kill -9 $PPID; sleep 5"
+HANG = "sleep 20"
+
+
+@dataclass
+class Faults:
+    """The wrapper directory, armed with one fault."""
+
+    directory: Path
+
+    def arm(self, match: str, when: str, action: str) -> None:
+        real = shutil.which("scontrol")
+        assert real is not None
+        script = self.directory / "scontrol"
+        script.write_text(WRAPPER.format(match=match, when=when, action=action, real=real))
+        script.chmod(0o755)
+        (self.directory / "armed").touch()
+
+    @property
+    def fired(self) -> bool:
+        return (self.directory / "fired").exists()
+
+    def calls(self, word: str) -> int:
+        log = self.directory / "calls.log"
+        lines = log.read_text().splitlines() if log.exists() else []
+        return sum(1 for line in lines if line.split()[:1] == [word])
+
+
+@pytest.fixture
+def faults(tmp_path: Path) -> Faults:
+    directory = tmp_path / "bin"
+    directory.mkdir()
+    for name in ("squeue", "sinfo", "sbatch", "scancel"):
+        real = shutil.which(name)
+        assert real is not None, name
+        (directory / name).symlink_to(real)
+    return Faults(directory)
+
+
+class Services:
+    """Starts `straggler serve` processes (a new one after each crash)."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.env = env
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> subprocess.Popen[bytes]:
+        log = (self.log_dir / f"service-{len(self.procs)}.log").open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "slurm_plugin.cli.main", "--log-level", "info", "serve"],
+            cwd=REPO,
+            env=self.env,
+            stdout=log,
+            stderr=log,
+        )
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def services(env: dict[str, str], faults: Faults, tmp_path: Path) -> Iterator[Services]:
+    values = {
+        **env,
+        "STRAGGLER_SLURM_BIN_DIR": str(faults.directory),
+        "STRAGGLER_COMMAND_TIMEOUT_S": "3",
+        "STRAGGLER_ACTION_GRACE_S": "6",
+    }
+    started = Services(values, tmp_path)
+    yield started
+    started.stop()
+
+
+def assert_clean_outcome(slurm: Slurm, state: ServiceState, job: str, faults: Faults) -> None:
+    """Requeued once without node3, running, not held; no decision left open."""
+    wait_for(
+        lambda: slurm.job(job)["Restarts"] != "0" and slurm.job(job)["JobState"] == "RUNNING",
+        90,
+        "the job to run again after its eviction",
+    )
+    record = slurm.job(job)
+    assert record["Restarts"] == "1", record
+    assert record["Priority"] != "0"
+    assert "node3" in record.get("ExcNodeList", "")
+    assert "node3" not in slurm.job_nodes(job)
+    wait_for(lambda: not state.open_decisions(), 60, "every decision to reach a final state")
+    decisions = state.job_decisions(job)
+    finals = {d.get("state") for d in decisions}
+    assert finals <= {"verified", "abandoned", "failed", "recorded"}, decisions
+    assert [d for d in decisions if d.get("state") == "verified"], decisions
+    assert faults.calls("requeuehold") == 1, "the job was requeued more than once"
+
+
+STEPS = [
+    # (argv match, when, what the test checks happened)
+    pytest.param("requeuehold", "before", id="killed-before-requeuehold"),
+    pytest.param("requeuehold", "after", id="killed-after-requeuehold"),
+    pytest.param("ExcNodeList", "after", id="killed-after-exclude"),
+    pytest.param("release", "after", id="killed-after-release"),
+]
+
+
+@pytest.mark.parametrize(("match", "when"), STEPS)
+def test_service_killed_during_an_eviction(
+    slurm: Slurm,
+    job_dir: Path,
+    state: ServiceState,
+    services: Services,
+    faults: Faults,
+    match: str,
+    when: str,
+) -> None:
+    """SIGKILL at each step of the eviction; the next service finishes or abandons it."""
+    faults.arm(match, when, KILL_SERVICE)
+    first = services.start()
+    job = _submit(slurm, job_dir, "evict")
+    wait_for(lambda: faults.fired, 90, f"the fault at {when} {match}")
+    first.wait(timeout=30)
+    assert first.returncode == -signal.SIGKILL
+    services.start()
+    assert_clean_outcome(slurm, state, job, faults)
+
+
+@pytest.mark.parametrize(
+    "when", [pytest.param("after", id="effect-then-hang"), pytest.param("before", id="hang")]
+)
+def test_scontrol_timing_out_leaves_no_job_held(
+    slurm: Slurm,
+    job_dir: Path,
+    state: ServiceState,
+    services: Services,
+    faults: Faults,
+    when: str,
+) -> None:
+    """requeuehold hangs past the command timeout, after or before taking effect: the
+    service finds out from Slurm and finishes (or gives up and tries again)."""
+    faults.arm("requeuehold", when, HANG)
+    service = services.start()
+    job = _submit(slurm, job_dir, "evict")
+    wait_for(lambda: faults.fired, 90, "the hanging requeuehold")
+    assert_clean_outcome(slurm, state, job, faults)
+    assert service.poll() is None, "the service died"
+    notes = [d.get("error", "") + d.get("note", "") for d in state.job_decisions(job)]
+    assert any("timed out" in n for n in notes), notes
+
+
+def test_slurmctld_restarted_during_an_eviction(
+    cluster: DevCluster,
+    slurm: Slurm,
+    job_dir: Path,
+    state: ServiceState,
+    services: Services,
+    faults: Faults,
+) -> None:
+    """slurmctld is stopped right after the requeuehold (as a restart does: SIGTERM, state
+    saved) and comes back seconds later; exclusion and release wait for it."""
+    pidfile = cluster.base / "run" / "slurmctld.pid"
+    assert pidfile.exists(), pidfile
+    stop = (
+        f'pid="$(cat {pidfile})"; kill "$pid"; while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done'
+    )
+    faults.arm("requeuehold", "after", stop)
+    service = services.start()
+    job = _submit(slurm, job_dir, "evict")
+    wait_for(lambda: faults.fired, 90, "slurmctld to be killed")
+    time.sleep(4)  # the service meets a dead controller for a few cycles
+    cluster.up()
+    assert_clean_outcome(slurm, state, job, faults)
+    assert service.poll() is None, "the service died"
+
+
+def test_redis_restarted_while_the_service_runs(
+    slurm: Slurm,
+    job_dir: Path,
+    services: Services,
+    faults: Faults,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis (with its append-only file) goes away for a few seconds while ranks publish and
+    the service cycles: the service survives, then evicts exactly once."""
+    server = RedisServer(tmp_path / "redis", free_port())
+    server.directory.mkdir()
+    server.start("--appendonly", "yes", "--appendfsync", "always")
+    try:
+        services.env = {**services.env, "STRAGGLER_REDIS_URL": server.url}
+        monkeypatch.setenv("STRAGGLER_REDIS_URL", server.url)  # the job's ranks publish here
+        faults.arm("no-such-command", "after", "true")
+        service = services.start()
+        job = _submit(slurm, job_dir, "observe")  # observe: detection happens, nothing acts
+        slurm.wait_job(job, "RUNNING")
+        time.sleep(2)
+        server.stop()
+        time.sleep(4)
+        server.start("--appendonly", "yes", "--appendfsync", "always")
+        assert service.poll() is None, "the service died with Redis"
+        st = build(load_settings(redis_url=server.url))[1]
+        beat = st.last_heartbeat()
+        wait_for(
+            lambda: (st.last_heartbeat() or {}).get("ts") != (beat or {}).get("ts"),
+            20,
+            "the service to cycle again",
+        )
+        log = (tmp_path / "service-0.log").read_text()
+        assert "Redis" in log or "redis" in log
+        wait_for(
+            lambda: any(d.get("node") == "node3" for d in st.job_decisions(job)),
+            60,
+            "a decision about node3 after the restart",
+        )
+        assert slurm.job(job)["Restarts"] == "0"  # observe never acts
+        assert not st.open_decisions()
+    finally:
+        server.stop()
