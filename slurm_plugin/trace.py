@@ -115,7 +115,10 @@ def read_trace(source: TextIO, *, name: str = "trace") -> Trace:
     """
     text = source.read()
     first_line, _, _ = text.partition("\n")
-    header = [h.strip() for h in next(csv.reader([first_line]), [])]
+    try:
+        header = [h.strip() for h in next(csv.reader([first_line]), [])]
+    except csv.Error as exc:
+        raise TraceError(f"{name}: header is not CSV: {exc}") from None
     if not header or header == [""]:
         raise TraceError(f"{name}: empty file (no header)")
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
@@ -194,8 +197,11 @@ def _fast(text: str, header: list[str]) -> Trace | None:
 
 def _careful(text: str, header: list[str], name: str) -> Trace:
     reader = csv.reader(io.StringIO(text))
-    next(reader)
-    rows = [row for row in reader if row]
+    try:
+        next(reader)
+        rows = [row for row in reader if row]
+    except csv.Error as exc:
+        raise TraceError(f"{name}: row {reader.line_num}: not CSV: {exc}") from None
     if not rows:
         raise TraceError(f"{name}: no records after the header")
     width = len(header)

@@ -74,10 +74,10 @@ def _text(value: Any) -> str:
 
 
 def _job(item: dict[str, Any]) -> JobInfo:
-    try:
-        job_id = str(int(item["job_id"]))
-    except (KeyError, TypeError, ValueError):
-        raise SlurmError(f"job without a valid job_id: {str(item)[:80]}") from None
+    raw_id = item.get("job_id")
+    if isinstance(raw_id, bool) or not isinstance(raw_id, int) or raw_id < 0:
+        raise SlurmError(f"job without a valid job_id: {str(item)[:80]}")
+    job_id = str(raw_id)
     limit = _number(item.get("time_limit"))
     start = _number(item.get("start_time"))
     return JobInfo(
@@ -135,10 +135,9 @@ def parse_scontrol_job(line: str) -> JobInfo:
     """One job from ``scontrol -o show job J``. Comment fields may hold anything, so prefer
     ``squeue --json`` for them; this is for the fields only scontrol shows promptly."""
     record = parse_scontrol_record(line)
-    try:
-        job_id = str(int(record["JobId"]))
-    except (KeyError, ValueError):
-        raise SlurmError(f"scontrol output without a JobId: {line[:80]!r}") from None
+    if "JobId" not in record:
+        raise SlurmError(f"scontrol output without a JobId: {line[:80]!r}")
+    job_id = str(_count(record, "JobId"))
     return JobInfo(
         job_id=job_id,
         name=record.get("JobName", ""),
@@ -146,12 +145,21 @@ def parse_scontrol_job(line: str) -> JobInfo:
         reason=record.get("Reason", ""),
         nodes=tuple(expand_hostlist(record.get("NodeList", ""))),
         excluded=tuple(expand_hostlist(record.get("ExcNodeList", ""))),
-        restarts=int(record.get("Restarts", "0") or 0),
+        restarts=_count(record, "Restarts"),
         requeue=record.get("Requeue") == "1",
         comment=record.get("Comment", ""),
         admin_comment=record.get("AdminComment", ""),
         partition=record.get("Partition", ""),
-        node_count=int(record.get("NumNodes", "0") or 0),
+        node_count=_count(record, "NumNodes"),
         user=record.get("UserId", "").split("(")[0],
         priority=int(record["Priority"]) if record.get("Priority", "").isdigit() else None,
     )
+
+
+def _count(record: dict[str, str], key: str) -> int:
+    """A non-negative count field (``NumNodes=2-4`` gives its minimum); SlurmError names it."""
+    value = record.get(key, "0")
+    text = (value.split("-", 1)[0] or "0") if key != "JobId" else value
+    if not text.isdigit() or not text.isascii():
+        raise SlurmError(f"scontrol field {key}={record.get(key, '')[:20]!r} is not a count")
+    return int(text)
