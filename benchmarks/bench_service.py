@@ -30,21 +30,22 @@ NODES = [f"gpu{i:03d}" for i in range(RANKS // PER_NODE)]
 class StaticScheduler:
     """One running job on 125 nodes; records what the service asks of Slurm."""
 
-    def __init__(self) -> None:
+    def __init__(self, job_id: str = JOB, nodes: Sequence[str] = tuple(NODES)) -> None:
         self.calls: list[str] = []
+        self.node_names = list(nodes)
         self._job = JobInfo(
-            JOB,
+            job_id,
             "bench",
             "RUNNING",
             "None",
-            tuple(NODES),
+            tuple(nodes),
             (),
             0,
             True,
             "straggler:policy=observe",
             "",
             "gpu",
-            len(NODES),
+            len(nodes),
             "bench",
             4 * 3600.0,
             time.time() - 60,
@@ -57,7 +58,7 @@ class StaticScheduler:
         return self._job
 
     def nodes(self) -> list[NodeInfo]:
-        return [NodeInfo(n, "allocated", (), "", ("gpu",)) for n in NODES]
+        return [NodeInfo(n, "allocated", (), "", ("gpu",)) for n in self.node_names]
 
     def requeue_hold(self, job_id: str) -> None:
         self.calls.append("requeue_hold")

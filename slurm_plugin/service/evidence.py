@@ -9,13 +9,25 @@ job's control and is attached to every straggler decision.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import redis
+import structlog
+
+from slurm_plugin.errors import StragglerError
 from slurm_plugin.slurm.model import JobInfo
+from slurm_plugin.telemetry import keys
 from slurm_plugin.telemetry.records import StepRecord
+
+if TYPE_CHECKING:
+    from slurm_plugin.service.state import ServiceState
+    from slurm_plugin.telemetry.store import TelemetryStore
+
+log = structlog.get_logger(__name__)
 
 #: Throttle reasons that say the GPU itself is being slowed (not idle, not app clocks).
 SLOWING_THROTTLES = frozenset(
@@ -111,3 +123,23 @@ def _low_clock(gpu: Mapping[str, Any]) -> str:
     if not isinstance(clock, int | float) or not isinstance(top, int | float) or top <= 0:
         return ""
     return f"sm clock {clock:.0f}/{top:.0f} MHz" if clock < LOW_CLOCK_SHARE * top else ""
+
+
+def gather_evidence(
+    state: ServiceState, store: TelemetryStore, job_id: str, node: str, gpus: Sequence[int]
+) -> tuple[list[str], list[str]]:
+    """(trusted, job-reported) hardware evidence about ``node``. Trusted: the root-run node
+    sidecar's latest sample and the prolog's last check; job-reported: the job's own gpu
+    stream (an in-job sidecar), which the job's user could forge, so it never corroborates."""
+    try:
+        raw = state.node(node)
+        trusted_samples = [json.loads(raw["sidecar"])] if raw.get("sidecar") else []
+        last_check = json.loads(raw.get("last_check") or "{}")
+        reported = store.read_json(keys.job_gpu(job_id), count=50)
+    except (StragglerError, redis.RedisError, ValueError, TypeError) as exc:
+        log.warning("service.evidence_unreadable", job_id=job_id, node=node, error=str(exc))
+        return [], []
+    if not isinstance(last_check, dict):
+        last_check = {}
+    trusted = hardware_evidence(trusted_samples, node, gpus, last_check)
+    return trusted, hardware_evidence(reported, node, gpus)

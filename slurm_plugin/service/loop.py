@@ -7,7 +7,6 @@ context and the next one runs anyway.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
@@ -16,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
-import redis
 import structlog
 
 from slurm_plugin.config import Settings
@@ -30,7 +28,7 @@ from slurm_plugin.policy.loader import (
     policy_from_comment,
 )
 from slurm_plugin.policy.schema import Policy
-from slurm_plugin.service.evidence import EvidenceFilter, hardware_evidence
+from slurm_plugin.service.evidence import EvidenceFilter, gather_evidence
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.state import ServiceState
@@ -283,7 +281,8 @@ class Service:
             )
             self._annotate(job, text, policy)
             return {"id": decision_id, "action": "report", "kind": event.kind}
-        evidence = self._hardware_evidence(job, event)
+        gpus = [event.gpu] if event.scope == "gpu" and event.gpu is not None else []
+        evidence, reported = gather_evidence(self.state, self.store, job.job_id, event.node, gpus)
         self._remember(event, job, policy, nodes, now, corroborated=bool(evidence))
         decision = decide(event, job, policy, self._context(job), self._cluster(nodes, now), now)
         record = {
@@ -295,6 +294,7 @@ class Service:
             "score": event.score,
             "ranks": event.ranks[:32],
             "hardware_evidence": evidence,
+            "job_reported_gpu": reported,
             "decision": decision.action,
             "reasons": decision.reasons,
             "saved_s": _round(decision.saved_s),
@@ -343,17 +343,6 @@ class Service:
             d.get("job_id") == job_id and d.get("action") == "evict" and d.get("state") != "waiting"
             for d in self.state.open_decisions()
         )
-
-    def _hardware_evidence(self, job: JobInfo, event: StragglerEvent) -> list[str]:
-        """Sidecar samples of the job on the event's node and the node's last prolog check."""
-        try:
-            samples = self.store.read_json(keys.job_gpu(job.job_id), count=50)
-            last_check = json.loads(self.state.node(event.node).get("last_check") or "{}")
-        except (StragglerError, redis.RedisError, ValueError) as exc:
-            log.warning("service.evidence_unreadable", job_id=job.job_id, error=str(exc))
-            return []
-        gpus = [event.gpu] if event.scope == "gpu" and event.gpu is not None else []
-        return hardware_evidence(samples, event.node, gpus, last_check)
 
     def _resume_waiting(
         self, job: JobInfo, nodes: tuple[NodeInfo, ...], now: float, report: CycleReport

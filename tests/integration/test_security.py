@@ -3,6 +3,7 @@ prolog, used by a job running as another user, and revoked by the epilog."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import shutil
 import subprocess
@@ -16,9 +17,11 @@ import pytest
 import redis
 
 from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.service.evidence import gather_evidence
+from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.runner import run_command
 from slurm_plugin.telemetry import credentials, keys
-from slurm_plugin.telemetry.store import Tls, connect, ping
+from slurm_plugin.telemetry.store import TelemetryStore, Tls, connect, ping
 from tests.integration.conftest import REPO, RedisServer, Slurm, free_port, wait_for
 
 
@@ -288,3 +291,21 @@ def test_reporter_publishes_with_the_job_credential(
     admin = secure_redis.admin()
     assert admin.xlen(keys.job_steps(job_id)) == 1
     assert acl_user(admin, job_id) is None
+
+
+def test_only_root_written_hardware_evidence_corroborates(
+    state: ServiceState, redis_url: str
+) -> None:
+    """The node sidecar's sample and the prolog's check corroborate; GPU samples in the job's
+    own stream (writable with the job's credential) are reported, never trusted."""
+    store = TelemetryStore(connect(redis_url))
+    sample = {"node": "node3", "gpus": [{"index": 1, "throttle_reasons": ["hw_slowdown"]}]}
+    forged = {"node": "node3", "gpus": [{"index": 1, "xids": [79]}]}
+    store.publish("77", gpu_samples=[forged])
+    trusted, reported = gather_evidence(state, store, "77", "node3", [1])
+    assert (trusted, reported) == ([], ["gpu1 xid 79"])
+    state.r.hset(keys.node("node3"), "sidecar", json.dumps(sample))
+    trusted, _ = gather_evidence(state, store, "77", "node3", [1])
+    assert trusted == ["gpu1 hw_slowdown"]
+    state.r.hset(keys.node("node3"), "sidecar", "{not json")
+    assert gather_evidence(state, store, "77", "node3", [1]) == ([], [])

@@ -1,0 +1,169 @@
+"""Load: 16,384 simulated ranks publishing 1 step/s each for 5 minutes while the service runs.
+
+A producer process publishes, every second, one steps entry per rank (what a real reporter
+sends at 1 step/s with its 1 s flush), to a private redis-server started here. The service
+(real Service, real Redis, real detection; the static Slurm stand-in of bench_service) cycles
+every second in this process. One GPU (rank 5000) computes 10 % slower from minute two on;
+everything else is healthy. Printed: cycle time, how far the service lagged behind, Redis
+memory against the stream cap, and the decisions taken.
+
+Usage: ``python -m benchmarks.bench_load [--seconds 300] [--ranks 16384]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+from benchmarks._common import machine, table
+from benchmarks.bench_service import StaticScheduler
+from slurm_plugin.config import Settings
+from slurm_plugin.service.loop import Service
+from slurm_plugin.service.state import ServiceState
+from slurm_plugin.telemetry import keys
+from slurm_plugin.telemetry.records import encode_steps
+from slurm_plugin.telemetry.store import TelemetryStore, connect
+
+JOB, PER_NODE, SLOW_RANK, SLOW_FROM_S = "515151", 8, 5000, 120.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def produce(url: str, ranks: int, seconds: float, start: float) -> None:
+    """Publish one step per rank per second until ``seconds`` have passed."""
+    store = TelemetryStore(connect(url, timeout_s=10))
+    maxlen = keys.steps_maxlen(ranks, 1.0)
+    rng = random.Random(7)  # noqa: S311 - noise, not cryptography
+    step = 0
+    while (now := time.time()) < start + seconds:
+        slow = 1.10 if now - start >= SLOW_FROM_S else 1.0
+        entries = []
+        for rank in range(ranks):
+            factor = slow if rank == SLOW_RANK else 1.0
+            compute = 0.7 * factor * (1 + 0.01 * rng.gauss(0, 1))
+            raw = (step, now, 1.0, compute, 1.0 - compute, 0.01)
+            entries.append(encode_steps(rank, f"gpu{rank // PER_NODE:05d}", rank % 8, 0, [raw]))
+        for i in range(0, len(entries), 4096):
+            store.publish(JOB, entries[i : i + 4096], steps_maxlen=maxlen)
+        step += 1
+        time.sleep(max(0.0, start + step - time.time()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=300.0)
+    parser.add_argument("--ranks", type=int, default=16_384)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="straggler-load-"))
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            shutil.which("redis-server") or "redis-server",
+            *("--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"),
+            *("--dir", str(workdir)),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    admin = redis.Redis.from_url(url)
+    for _ in range(100):
+        try:
+            admin.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    base_memory = int(admin.info("memory")["used_memory"])
+    nodes = [f"gpu{i:05d}" for i in range(args.ranks // PER_NODE)]
+    scheduler = StaticScheduler(JOB, nodes)
+    settings = Settings(
+        redis_url=url,
+        policy_dir=Path(__file__).resolve().parents[1] / "policies",
+        service_interval_s=1.0,
+    )
+    service = Service(
+        settings, scheduler, ServiceState(connect(url, decode=True)), TelemetryStore(connect(url))
+    )
+    start = time.time() + 1.0
+    producer = mp.Process(target=produce, args=(url, args.ranks, args.seconds, start))
+    producer.start()
+    cycles: list[float] = []
+    records = 0
+    memory: list[int] = []
+    lengths: list[int] = []
+    events: list[tuple[float, str, object]] = []
+    lag: list[int] = []
+    try:
+        while time.time() < start + args.seconds + 2:
+            began = time.time()
+            report = service.cycle()
+            if report.error:
+                print(f"cycle error: {report.error}")
+            cycles.append(report.duration_s)
+            records += report.records
+            for event in report.events:
+                events.append((began - start, str(event.get("node")), event.get("ranks")))
+            if len(cycles) % 5 == 0:
+                memory.append(int(admin.info("memory")["used_memory"]))
+                lengths.append(int(admin.xlen(keys.job_steps(JOB))))
+                last = admin.xinfo_stream(keys.job_steps(JOB))["last-generated-id"]
+                cursor = service.state.job(JOB).get("steps_cursor", "0-0")
+                lag.append(int(last.decode().split("-")[0]) - int(cursor.split("-")[0]))
+            time.sleep(max(0.0, 1.0 - (time.time() - began)))
+    finally:
+        producer.join(timeout=30)
+        server.terminate()
+        server.wait(timeout=30)
+        shutil.rmtree(workdir, ignore_errors=True)
+    produced = args.ranks * int(args.seconds)
+    cap = keys.steps_maxlen(args.ranks, 1.0)
+    ordered = sorted(cycles)
+    slow_node = f"gpu{SLOW_RANK // PER_NODE:05d}"
+    print(f"machine: {machine()}")
+    print(
+        table(
+            ["measurement", "figure"],
+            [
+                ["ranks x rate x duration", f"{args.ranks:,} x 1 step/s x {args.seconds:.0f} s"],
+                ["records published / ingested", f"{produced:,} / {records:,}"],
+                [
+                    "service cycle median / p95 / max",
+                    f"{statistics.median(ordered) * 1000:.0f} / "
+                    f"{ordered[int(len(ordered) * 0.95)] * 1000:.0f} / {ordered[-1] * 1000:.0f} ms",
+                ],
+                ["service lag behind the stream (max)", f"{max(lag) / 1000:.1f} s"],
+                [
+                    "Redis memory above empty (last / peak)",
+                    f"{(memory[-1] - base_memory) / 2**20:.0f} / "
+                    f"{(max(memory) - base_memory) / 2**20:.0f} MiB",
+                ],
+                ["steps stream length (max) vs cap", f"{max(lengths):,} vs ~{cap:,}"],
+                [
+                    "detections",
+                    "; ".join(f"t={t:.0f} s {n} ranks {r}" for t, n, r in events) or "none",
+                ],
+                [
+                    f"slow GPU (rank {SLOW_RANK}, {slow_node}) +10 % from t={SLOW_FROM_S:.0f} s",
+                    "found" if any(n == slow_node for _, n, _ in events) else "NOT found",
+                ],
+                ["Slurm calls (observe policy)", ", ".join(sorted(set(scheduler.calls)))],
+            ],
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
