@@ -3,11 +3,12 @@
 A producer process publishes, every second, one steps entry per rank (what a real reporter
 sends at 1 step/s with its 1 s flush), to a private redis-server started here. The service
 (real Service, real Redis, real detection; the static Slurm stand-in of bench_service) cycles
-every second in this process. One GPU (rank 5000) computes 10 % slower from minute two on;
-everything else is healthy. Printed: cycle time, how far the service lagged behind, Redis
-memory against the stream cap, and the decisions taken.
+every ``--interval`` seconds (default 2, the service's default) in this process. One GPU
+(rank 5000) computes 10 % slower from minute two on; everything else is healthy. Printed:
+cycle time, how far the service lagged behind, Redis memory against the stream cap, and the
+decisions taken.
 
-Usage: ``python -m benchmarks.bench_load [--seconds 300] [--ranks 16384]``
+Usage: ``python -m benchmarks.bench_load [--seconds 300] [--ranks 16384] [--interval 2]``
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
@@ -63,12 +65,20 @@ def produce(url: str, ranks: int, seconds: float, start: float) -> None:
         time.sleep(max(0.0, start + step - time.time()))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=300.0)
-    parser.add_argument("--ranks", type=int, default=16_384)
-    args = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="straggler-load-"))
+@dataclass
+class Observed:
+    """What the service loop saw."""
+
+    cycles: list[float] = field(default_factory=list)
+    records: int = 0
+    memory: list[int] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    lag_ms: list[int] = field(default_factory=list)
+    events: list[tuple[float, str, object]] = field(default_factory=list)
+
+
+def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A private, empty redis-server without persistence; returns it and its URL."""
     port = _free_port()
     server = subprocess.Popen(
         [
@@ -79,20 +89,92 @@ def main() -> None:
         stdout=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
-    admin = redis.Redis.from_url(url)
+    client = redis.Redis.from_url(url)
     for _ in range(100):
         try:
-            admin.ping()
+            client.ping()
             break
         except redis.ConnectionError:
             time.sleep(0.05)
+    client.close()
+    return server, url
+
+
+def run_service(
+    service: Service, admin: redis.Redis, start: float, until: float, interval: float
+) -> Observed:
+    """Cycle like `straggler serve` until ``until``; sample Redis every fifth cycle; event
+    times are seconds since the producer's ``start``."""
+    seen = Observed()
+    while time.time() < until:
+        began = time.time()
+        report = service.cycle()
+        if report.error:
+            print(f"cycle error: {report.error}")
+        seen.cycles.append(report.duration_s)
+        seen.records += report.records
+        seen.events += [(began - start, str(e.get("node")), e.get("ranks")) for e in report.events]
+        if len(seen.cycles) % 5 == 0:
+            seen.memory.append(int(admin.info("memory")["used_memory"]))
+            seen.lengths.append(int(admin.xlen(keys.job_steps(JOB))))
+            last = admin.xinfo_stream(keys.job_steps(JOB))["last-generated-id"]
+            cursor = service.state.job(JOB).get("steps_cursor", "0-0")
+            seen.lag_ms.append(int(last.decode().split("-")[0]) - int(cursor.split("-")[0]))
+        time.sleep(max(0.0, interval - (time.time() - began)))
+    return seen
+
+
+def report(seen: Observed, args: argparse.Namespace, base_memory: int, calls: list[str]) -> str:
+    """The figures as a Markdown table."""
+    ordered = sorted(seen.cycles)
+    median, p95 = statistics.median(ordered), ordered[int(len(ordered) * 0.95)]
+    slow_node = f"gpu{SLOW_RANK // PER_NODE:05d}"
+    mib = [(m - base_memory) / 2**20 for m in seen.memory]
+    found = "; ".join(f"t={t:.0f} s {n} ranks {r}" for t, n, r in seen.events) or "none"
+    return table(
+        ["measurement", "figure"],
+        [
+            ["ranks x rate x duration", f"{args.ranks:,} x 1 step/s x {args.seconds:.0f} s"],
+            ["service interval", f"{args.interval:g} s"],
+            [
+                "records published / ingested",
+                f"{args.ranks * int(args.seconds):,} / {seen.records:,}",
+            ],
+            [
+                "service cycle median / p95 / max",
+                f"{median * 1000:.0f} / {p95 * 1000:.0f} / {ordered[-1] * 1000:.0f} ms",
+            ],
+            ["service lag behind the stream (max)", f"{max(seen.lag_ms) / 1000:.1f} s"],
+            ["Redis memory above empty (last / peak)", f"{mib[-1]:.0f} / {max(mib):.0f} MiB"],
+            [
+                "steps stream length (max) vs cap",
+                f"{max(seen.lengths):,} vs ~{keys.steps_maxlen(args.ranks, 1.0):,}",
+            ],
+            ["detections", found],
+            [
+                f"slow GPU (rank {SLOW_RANK}, {slow_node}) +10 % from t={SLOW_FROM_S:.0f} s",
+                "found" if any(n == slow_node for _, n, _ in seen.events) else "NOT found",
+            ],
+            ["Slurm calls (observe policy)", ", ".join(sorted(set(calls))) or "none"],
+        ],
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=300.0)
+    parser.add_argument("--ranks", type=int, default=16_384)
+    parser.add_argument("--interval", type=float, default=2.0, help="service_interval_s")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="straggler-load-"))
+    server, url = start_redis(workdir)
+    admin = redis.Redis.from_url(url)
     base_memory = int(admin.info("memory")["used_memory"])
-    nodes = [f"gpu{i:05d}" for i in range(args.ranks // PER_NODE)]
-    scheduler = StaticScheduler(JOB, nodes)
+    scheduler = StaticScheduler(JOB, [f"gpu{i:05d}" for i in range(args.ranks // PER_NODE)])
     settings = Settings(
         redis_url=url,
         policy_dir=Path(__file__).resolve().parents[1] / "policies",
-        service_interval_s=1.0,
+        service_interval_s=args.interval,
     )
     service = Service(
         settings, scheduler, ServiceState(connect(url, decode=True)), TelemetryStore(connect(url))
@@ -100,69 +182,15 @@ def main() -> None:
     start = time.time() + 1.0
     producer = mp.Process(target=produce, args=(url, args.ranks, args.seconds, start))
     producer.start()
-    cycles: list[float] = []
-    records = 0
-    memory: list[int] = []
-    lengths: list[int] = []
-    events: list[tuple[float, str, object]] = []
-    lag: list[int] = []
     try:
-        while time.time() < start + args.seconds + 2:
-            began = time.time()
-            report = service.cycle()
-            if report.error:
-                print(f"cycle error: {report.error}")
-            cycles.append(report.duration_s)
-            records += report.records
-            for event in report.events:
-                events.append((began - start, str(event.get("node")), event.get("ranks")))
-            if len(cycles) % 5 == 0:
-                memory.append(int(admin.info("memory")["used_memory"]))
-                lengths.append(int(admin.xlen(keys.job_steps(JOB))))
-                last = admin.xinfo_stream(keys.job_steps(JOB))["last-generated-id"]
-                cursor = service.state.job(JOB).get("steps_cursor", "0-0")
-                lag.append(int(last.decode().split("-")[0]) - int(cursor.split("-")[0]))
-            time.sleep(max(0.0, 1.0 - (time.time() - began)))
+        seen = run_service(service, admin, start, start + args.seconds + 2, args.interval)
     finally:
         producer.join(timeout=30)
         server.terminate()
         server.wait(timeout=30)
         shutil.rmtree(workdir, ignore_errors=True)
-    produced = args.ranks * int(args.seconds)
-    cap = keys.steps_maxlen(args.ranks, 1.0)
-    ordered = sorted(cycles)
-    slow_node = f"gpu{SLOW_RANK // PER_NODE:05d}"
     print(f"machine: {machine()}")
-    print(
-        table(
-            ["measurement", "figure"],
-            [
-                ["ranks x rate x duration", f"{args.ranks:,} x 1 step/s x {args.seconds:.0f} s"],
-                ["records published / ingested", f"{produced:,} / {records:,}"],
-                [
-                    "service cycle median / p95 / max",
-                    f"{statistics.median(ordered) * 1000:.0f} / "
-                    f"{ordered[int(len(ordered) * 0.95)] * 1000:.0f} / {ordered[-1] * 1000:.0f} ms",
-                ],
-                ["service lag behind the stream (max)", f"{max(lag) / 1000:.1f} s"],
-                [
-                    "Redis memory above empty (last / peak)",
-                    f"{(memory[-1] - base_memory) / 2**20:.0f} / "
-                    f"{(max(memory) - base_memory) / 2**20:.0f} MiB",
-                ],
-                ["steps stream length (max) vs cap", f"{max(lengths):,} vs ~{cap:,}"],
-                [
-                    "detections",
-                    "; ".join(f"t={t:.0f} s {n} ranks {r}" for t, n, r in events) or "none",
-                ],
-                [
-                    f"slow GPU (rank {SLOW_RANK}, {slow_node}) +10 % from t={SLOW_FROM_S:.0f} s",
-                    "found" if any(n == slow_node for _, n, _ in events) else "NOT found",
-                ],
-                ["Slurm calls (observe policy)", ", ".join(sorted(set(scheduler.calls)))],
-            ],
-        )
-    )
+    print(report(seen, args, base_memory, scheduler.calls))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import click
@@ -51,6 +52,9 @@ def demo(
     from slurm_plugin.demo.report import write_report  # noqa: PLC0415 - heavy, demo only
     from slurm_plugin.demo.run import run_scenario, summarize  # noqa: PLC0415
 
+    # SIGTERM (a CI runner, `timeout`) must run the clean-up below like Ctrl-C does: stop the
+    # service, lift node3's CPU quota, restore the prolog. Python's default handler would not.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     cluster = DevCluster.from_settings(settings)
     status = cluster.up(spank=True)
     click.echo(f"cluster up: {', '.join(f'{n} {s}' for n, s in status.nodes.items())}")
@@ -99,3 +103,7 @@ def demo(
             f"({(1 - ratio) * 100:.0f}% less time)"
         )
     click.echo(f"report: {report}")
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)

@@ -40,7 +40,9 @@ from slurm_plugin.telemetry.records import decode_json_entry
 from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)
-_MAX_ENTRIES_PER_JOB = 20_000
+#: Steps entries read per job per cycle: bounds one cycle after a backlog (a restart) while a
+#: 16k-rank job at 1 step/s (32k entries per 2 s cycle) keeps up with room to spare.
+_MAX_ENTRIES_PER_JOB = 100_000
 
 
 @dataclass

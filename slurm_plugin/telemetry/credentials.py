@@ -5,7 +5,8 @@ node draws a random password and keeps it in an admin-only key, every node (re)c
 ACL user from it, and writes a small settings file that only the job's user can read. Ranks
 find the file by job id (:func:`credential_path`) and publish with it. The epilog calls
 :func:`revoke`. What the job user may do is exactly :func:`job_rules`: XADD and EXPIRE on its
-own steps, events and GPU streams, and PING. No reads, no other keys, no admin commands.
+own steps, events and GPU streams, PING, and the topology/command metadata a Redis Cluster
+client needs. No reads of data, no other keys, no admin commands.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ def job_rules(job_id: str) -> list[str]:
         "+xadd",
         "+expire",
         "+ping",
+        # Topology and command metadata, which a Redis Cluster client needs to route: they
+        # reveal no data.
+        "+cluster|slots",
+        "+cluster|shards",
+        "+command",
         *(f"%W~{key}" for key in keys.job_streams(job_id)),
     ]
 

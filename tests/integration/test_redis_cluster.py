@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from redis.cluster import RedisCluster
 from slurm_plugin import StepReporter
 from slurm_plugin.config import load_settings
 from slurm_plugin.slurm.runner import run_command
-from slurm_plugin.telemetry import keys
+from slurm_plugin.telemetry import credentials, keys
 from slurm_plugin.telemetry.store import TelemetryStore, connect
 from tests.integration.conftest import RedisServer, free_port, wait_for
 
@@ -89,3 +90,35 @@ def test_round_trip_through_redis_cluster(
         assert store.read_json(keys.job_events(job))[0]["name"] == "checkpoint_end"
     owners = {store.client.get_node_from_key(keys.job_steps(j)).port for j in jobs}  # type: ignore[no-untyped-call]
     assert len(owners) >= 2, "jobs should spread across the cluster's masters"
+
+
+def test_job_credentials_on_every_cluster_node(
+    redis_cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ACL users are per server: issue() creates the job's user on every master, the
+    reporter publishes with it through the cluster client, and revoke() removes it everywhere."""
+    admin = connect(redis_cluster, cluster=True, decode=True)
+    ports = [int(n.port) for n in admin.get_nodes()]  # type: ignore[union-attr]
+    password = credentials.issue(admin, "4242")
+    for port in ports:
+        user = redis.Redis(port=port).acl_getuser(credentials.username("4242"))
+        assert user is not None, port
+    job_url = credentials.job_url(redis_cluster, "4242", password)
+    path = credentials.credential_path("4242", tmp_path)
+    values: dict[str, str | bool | float] = {"redis_url": job_url, "redis_cluster": True}
+    credentials.write_file(path, credentials.render("4242", values), os.getuid(), os.getgid())
+    monkeypatch.setenv(credentials.DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("STRAGGLER_REDIS_URL", "redis://127.0.0.1:1/0")  # unusable on purpose
+    with StepReporter.from_env() as rep:
+        for step in range(20):
+            rep.record(step, 0.1, 0.07, 0.03)
+        assert rep.flush(10)
+    assert admin.xlen(keys.job_steps("4242")) >= 1
+    job_client = connect(job_url, cluster=True)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        job_client.xadd(keys.job_steps("4243"), {"x": "1"})
+    job_client.close()
+    credentials.revoke(admin, "4242")
+    for port in ports:
+        assert redis.Redis(port=port).acl_getuser(credentials.username("4242")) is None

@@ -18,7 +18,14 @@ def test_rules_grant_append_only_on_the_jobs_streams() -> None:
     """The job user may XADD/EXPIRE its own three streams and PING; nothing else."""
     rules = credentials.job_rules("42")
     assert rules[:4] == ["reset", "on", "resetchannels", "-@all"]
-    assert {r for r in rules if r.startswith("+")} == {"+xadd", "+expire", "+ping"}
+    assert {r for r in rules if r.startswith("+")} == {
+        "+xadd",
+        "+expire",
+        "+ping",
+        "+cluster|slots",
+        "+cluster|shards",
+        "+command",
+    }
     assert {r for r in rules if r.startswith("%")} == {
         "%W~stg:job:{42}:steps",
         "%W~stg:job:{42}:events",
