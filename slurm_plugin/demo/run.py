@@ -159,6 +159,8 @@ def run_scenario(
         run.decisions = state.job_decisions(run.job_id)
         run.output = (work / "job.log").read_text() if (work / "job.log").exists() else ""
     finally:
+        if run.job_id and not run.finished:  # interrupted: leave no job behind
+            run_command(["scancel", run.job_id], timeout_s=15, env=env, check=False)
         quota.remove()
         cluster.up()
         service.kill()

@@ -69,14 +69,17 @@ class Faults:
 
 
 @pytest.fixture
-def faults(tmp_path: Path) -> Faults:
+def faults(tmp_path: Path) -> Iterator[Faults]:
     directory = tmp_path / "bin"
     directory.mkdir()
     for name in ("squeue", "sinfo", "sbatch", "scancel"):
         real = shutil.which(name)
         assert real is not None, name
         (directory / name).symlink_to(real)
-    return Faults(directory)
+    yield Faults(directory)
+    # A wrapper still sleeping in its fault would run its scontrol after the test's clean-up
+    # (a requeuehold of a cancelled job): stop them first.
+    subprocess.run(["pkill", "-f", str(directory / "scontrol")], check=False)  # noqa: S607
 
 
 class Services:
