@@ -321,8 +321,13 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
             )
         rows.append(row)
     decisions = state.audit(job_id=job_id)
+    ignored = {
+        k.removeprefix("ignored_"): int(v)
+        for k, v in state.job(job_id).items()
+        if k.startswith("ignored_")
+    }
     if as_json:
-        emit_json({"ranks": rows, "decisions": decisions})
+        emit_json({"ranks": rows, "decisions": decisions, "ignored_records": ignored})
         return
     emit_table(
         rows,
@@ -339,6 +344,9 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
     )
     click.echo("")
     emit_table(decisions, ["id", "state", "node", "decision", "saved_s", "cost_s", "reasons"])
+    if ignored:
+        counts = ", ".join(f"{n} {reason}" for reason, n in sorted(ignored.items()))
+        click.echo(f"\nrecords not believed (evidence rules): {counts}")
 
 
 @click.command("pause")

@@ -99,25 +99,7 @@ def run_scenario(
     quota = CpuQuota(cluster.base / "run", SLOW_NODE, quota_pct)
     run = DemoRun(policy=policy, started=time.time())
     try:
-        # Six ranks share 2 cores here, so their compute times are far noisier than on GPUs:
-        # the job asks to act only on slowdowns of 250 % or more (bursts of contention
-        # reach ~180 %; the injected slowdown is several-fold), a choice that can only make
-        # the policy stricter.
-        out = run_command(
-            [
-                "sbatch",
-                "--parsable",
-                f"--straggler-policy={policy}",
-                "--straggler-min-slowdown=250",
-                f"--output={work / 'job.log'}",
-                "--chdir",
-                str(REPO),
-                str(REPO / "examples" / "ddp_train.sbatch"),
-            ],
-            timeout_s=30,
-            env=env,
-        ).stdout
-        run.job_id = out.strip().split(";")[0]
+        run.job_id = _submit(policy, work, env)
         say(f"submitted job {run.job_id} (policy {policy}, {steps} steps, 6 ranks on 3 nodes)")
         deadline = time.time() + timeout_s
         last_line = ""
@@ -151,13 +133,7 @@ def run_scenario(
             time.sleep(1)
         else:
             raise DevClusterError(f"demo job {run.job_id} did not finish in {timeout_s:g} s")
-        run.finished = time.time()
-        run.job = parse_scontrol_record(
-            run_command(["scontrol", "-o", "show", "job", run.job_id], timeout_s=15, env=env).stdout
-        )
-        run.records = list(store.iter_steps(run.job_id))
-        run.decisions = state.job_decisions(run.job_id)
-        run.output = (work / "job.log").read_text() if (work / "job.log").exists() else ""
+        _collect(run, env, store, state, work)
     finally:
         if run.job_id and not run.finished:  # interrupted: leave no job behind
             run_command(["scancel", run.job_id], timeout_s=15, env=env, check=False)
@@ -167,6 +143,41 @@ def run_scenario(
         service.wait()
         service_log.close()
     return run
+
+
+def _collect(
+    run: DemoRun, env: dict[str, str], store: TelemetryStore, state: ServiceState, work: Path
+) -> None:
+    """What the finished job left: Slurm's record, its telemetry, decisions and output."""
+    run.finished = time.time()
+    run.job = parse_scontrol_record(
+        run_command(["scontrol", "-o", "show", "job", run.job_id], timeout_s=15, env=env).stdout
+    )
+    run.records = list(store.iter_steps(run.job_id))
+    run.decisions = state.job_decisions(run.job_id)
+    run.output = (work / "job.log").read_text() if (work / "job.log").exists() else ""
+
+
+def _submit(policy: str, work: Path, env: dict[str, str]) -> str:
+    """Submit the demo job; returns its id."""
+    # Six ranks share 2 cores here, so their compute times are far noisier than on GPUs: the
+    # job asks to act only on slowdowns of 250 % or more (bursts of contention reach ~180 %;
+    # the injected slowdown is several-fold), a choice that can only make the policy stricter.
+    out = run_command(
+        [
+            "sbatch",
+            "--parsable",
+            f"--straggler-policy={policy}",
+            "--straggler-min-slowdown=250",
+            f"--output={work / 'job.log'}",
+            "--chdir",
+            str(REPO),
+            str(REPO / "examples" / "ddp_train.sbatch"),
+        ],
+        timeout_s=30,
+        env=env,
+    ).stdout
+    return out.strip().split(";")[0]
 
 
 def _prolog(work: Path, url: str) -> Path:

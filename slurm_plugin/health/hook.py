@@ -244,7 +244,11 @@ def _issue_credential(
     except (KeyError, ValueError):
         result.problems.append("SLURM_JOB_UID/GID missing: no job credential issued")
         return
-    password = credentials.issue(client, result.job_id)
+    try:
+        password = credentials.issue(client, result.job_id)
+    except Exception as exc:  # noqa: BLE001 - e.g. the admin user lacks +acl: the job runs
+        result.problems.append(f"cannot issue the job's Redis credential: {exc}")
+        return
     values: dict[str, str | bool | float] = {
         "redis_url": credentials.job_url(settings.redis_url, result.job_id, password),
         "redis_cluster": settings.redis_cluster,

@@ -116,9 +116,18 @@ def render(job_id: str, values: Mapping[str, str | bool | float]) -> str:
         elif isinstance(value, int | float):
             lines.append(f"{name} = {value}")
         else:
-            escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+            escaped = "".join(_toml_char(c) for c in str(value))
             lines.append(f'{name} = "{escaped}"')
     return "\n".join(lines) + "\n"
+
+
+def _toml_char(char: str) -> str:
+    """One character inside a TOML basic string."""
+    if char in {'"', "\\"}:
+        return "\\" + char
+    if ord(char) < 0x20 or ord(char) == 0x7F:
+        return f"\\u{ord(char):04x}"
+    return char
 
 
 def write_file(path: Path, text: str, uid: int, gid: int) -> None:

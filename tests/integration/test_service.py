@@ -65,6 +65,7 @@ def test_evict_requeues_the_job_without_the_slow_node(
     state: ServiceState,
     service: subprocess.Popen[bytes],
     record_property: Callable[[str, object], None],
+    env: dict[str, str],
 ) -> None:
     """Under `evict` the service requeues the job excluding node3: Restarts=1, running on
     other nodes, one verified decision, and the forged node9 evidence ignored."""
@@ -99,6 +100,9 @@ def test_evict_requeues_the_job_without_the_slow_node(
     assert evictions[0]["node"] == "node3"
     assert not [d for d in decisions.values() if d.get("node") == "node9"]
     assert int(state.job(job).get("ignored_foreign_node", "0")) > 0
+    shown = json.loads(_cli(env, "job", "show", job, "--json"))
+    assert shown["ignored_records"]["foreign_node"] > 0
+    assert "records not believed (evidence rules):" in _cli(env, "job", "show", job)
     assert evictions[0].get("hardware_evidence") == "[]"  # no sidecar, no prolog finding
     admin_comment = _admin_comment(slurm, job)
     assert admin_comment.startswith("straggler: compute node3")

@@ -25,6 +25,7 @@ from slurm_plugin.slurm.parsers import (
     parse_sinfo_json,
     parse_squeue_json,
 )
+from slurm_plugin.telemetry import credentials
 from slurm_plugin.telemetry.records import (
     decode_json_entry,
     decode_steps,
@@ -309,3 +310,10 @@ def test_trace_of_garbage(content: str) -> None:
     """Arbitrary text as a trace: TraceError (or, rarely, a valid trace)."""
     with contextlib.suppress(TraceError):
         read_trace(io.StringIO(content))
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(["redis_url", "redis_tls_ca_file", "x"]), text))
+def test_credential_file_round_trips_any_value(values: dict[str, str]) -> None:
+    """Whatever the settings hold, the credential file parses back to the same values."""
+    assert tomllib.loads(credentials.render("5", values)) == values
