@@ -4,8 +4,10 @@ prolog, used by a job running as another user, and revoked by the epilog."""
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.devcluster import DevCluster, procs
 from slurm_plugin.service.evidence import gather_evidence
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.runner import run_command
@@ -54,9 +56,14 @@ class SecureRedis(RedisServer):
         return client
 
     def stop(self) -> None:
+        """Kill the server and wait for its process to go (not for PINGs to fail: a TLS
+        handshake with a dying server makes redis-py leak the half-open SSL socket)."""
         for client in self.clients:
             client.close()
-        super().stop()
+        pid = procs.read_pid(self.directory / f"redis-{self.port}.pid")
+        if pid is not None and procs.is_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: not procs.is_alive(pid), 10, "the TLS redis-server to stop")
 
 
 def acl_user(admin: redis.Redis, job_id: str) -> object:
