@@ -221,46 +221,79 @@ def test_slurmctld_restarted_during_an_eviction(
     assert service.poll() is None, "the service died"
 
 
+AOF = ("--appendonly", "yes", "--appendfsync", "always")
+
+
+@pytest.fixture
+def aof_redis(
+    tmp_path: Path, services: Services, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[RedisServer]:
+    """A private Redis with an fsync'ed append-only file (so a restart keeps its data, as a
+    production Redis would), used by the service and by the job's ranks."""
+    server = RedisServer(tmp_path / "redis", free_port())
+    server.directory.mkdir()
+    server.start(*AOF)
+    services.env = {**services.env, "STRAGGLER_REDIS_URL": server.url}
+    monkeypatch.setenv("STRAGGLER_REDIS_URL", server.url)  # the job's ranks publish here
+    yield server
+    server.stop()
+
+
 def test_redis_restarted_while_the_service_runs(
     slurm: Slurm,
     job_dir: Path,
     services: Services,
     faults: Faults,
+    aof_redis: RedisServer,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Redis (with its append-only file) goes away for a few seconds while ranks publish and
-    the service cycles: the service survives, then evicts exactly once."""
-    server = RedisServer(tmp_path / "redis", free_port())
-    server.directory.mkdir()
-    server.start("--appendonly", "yes", "--appendfsync", "always")
-    try:
-        services.env = {**services.env, "STRAGGLER_REDIS_URL": server.url}
-        monkeypatch.setenv("STRAGGLER_REDIS_URL", server.url)  # the job's ranks publish here
-        faults.arm("no-such-command", "after", "true")
-        service = services.start()
-        job = _submit(slurm, job_dir, "observe")  # observe: detection happens, nothing acts
-        slurm.wait_job(job, "RUNNING")
-        time.sleep(2)
-        server.stop()
-        time.sleep(4)
-        server.start("--appendonly", "yes", "--appendfsync", "always")
-        assert service.poll() is None, "the service died with Redis"
-        st = build(load_settings(redis_url=server.url))[1]
-        beat = st.last_heartbeat()
-        wait_for(
-            lambda: (st.last_heartbeat() or {}).get("ts") != (beat or {}).get("ts"),
-            20,
-            "the service to cycle again",
-        )
-        log = (tmp_path / "service-0.log").read_text()
-        assert "Redis" in log or "redis" in log
-        wait_for(
-            lambda: any(d.get("node") == "node3" for d in st.job_decisions(job)),
-            60,
-            "a decision about node3 after the restart",
-        )
-        assert slurm.job(job)["Restarts"] == "0"  # observe never acts
-        assert not st.open_decisions()
-    finally:
-        server.stop()
+    """Redis goes away for a few seconds while ranks publish and the service cycles: the
+    service survives, cycles again and still decides about the slow node."""
+    faults.arm("no-such-command", "after", "true")
+    service = services.start()
+    job = _submit(slurm, job_dir, "observe")  # observe: detection happens, nothing acts
+    slurm.wait_job(job, "RUNNING")
+    time.sleep(2)
+    aof_redis.stop()
+    time.sleep(4)
+    aof_redis.start(*AOF)
+    assert service.poll() is None, "the service died with Redis"
+    st = build(load_settings(redis_url=aof_redis.url))[1]
+    beat = st.last_heartbeat()
+    wait_for(
+        lambda: (st.last_heartbeat() or {}).get("ts") != (beat or {}).get("ts"),
+        20,
+        "the service to cycle again",
+    )
+    log = (tmp_path / "service-0.log").read_text()
+    assert "Redis" in log or "redis" in log
+    wait_for(
+        lambda: any(d.get("node") == "node3" for d in st.job_decisions(job)),
+        60,
+        "a decision about node3 after the restart",
+    )
+    assert slurm.job(job)["Restarts"] == "0"  # observe never acts
+    assert not st.open_decisions()
+
+
+def test_redis_restarted_in_the_middle_of_an_eviction(
+    slurm: Slurm,
+    job_dir: Path,
+    services: Services,
+    faults: Faults,
+    aof_redis: RedisServer,
+) -> None:
+    """Redis dies right after the requeuehold, before the service could record it: the
+    decision in Redis still says 'planned' while Slurm holds the job. Once Redis is back the
+    service sees the hold in Slurm and finishes the eviction, without a second requeue."""
+    pidfile = aof_redis.directory / f"redis-{aof_redis.port}.pid"
+    faults.arm("requeuehold", "after", f'kill -9 "$(cat {pidfile})"')
+    service = services.start()
+    job = _submit(slurm, job_dir, "evict")
+    wait_for(lambda: faults.fired, 90, "Redis to be killed after the requeuehold")
+    time.sleep(3)
+    assert slurm.job(job)["Priority"] == "0", "the job should be held while Redis is away"
+    aof_redis.start(*AOF)
+    st = build(load_settings(redis_url=aof_redis.url))[1]
+    assert_clean_outcome(slurm, st, job, faults)
+    assert service.poll() is None, "the service died with Redis"
