@@ -18,6 +18,18 @@ from benchmarks._common import machine, redis_url, table
 from slurm_plugin.testing import build_ib_tree
 
 
+def _time_prolog(env: dict[str, str], runs: int) -> tuple[list[float], set[int]]:
+    """Wall times and exit codes of ``runs`` prolog runs."""
+    prolog = str(Path(sys.executable).parent / "straggler-prolog")
+    walls, codes = [], set()
+    for _ in range(runs):
+        started = time.perf_counter()
+        proc = subprocess.run([prolog], env=env, capture_output=True, check=False)
+        walls.append(time.perf_counter() - started)
+        codes.add(proc.returncode)
+    return walls, codes
+
+
 def main() -> None:
     runs = 20
     with tempfile.TemporaryDirectory() as tmp:
@@ -35,13 +47,23 @@ def main() -> None:
             "SLURMD_NODENAME": "node1",
             "SLURM_JOB_ID": "1",
         }
-        prolog = str(Path(sys.executable).parent / "straggler-prolog")
-        walls, codes = [], set()
-        for _ in range(runs):
-            started = time.perf_counter()
-            proc = subprocess.run([prolog], env=env, capture_output=True, check=False)
-            walls.append(time.perf_counter() - started)
-            codes.add(proc.returncode)
+        walls, codes = _time_prolog(env, runs)
+        # The same with a per-job Redis credential issued (ACL user + 0600 file).
+        (base / "creds.toml").write_text(
+            (base / "config.toml").read_text()
+            + f'job_credentials = true\njob_credentials_dir = "{base / "jobs"}"\n'
+        )
+        cred_env = {
+            **env,
+            "STRAGGLER_CONFIG": str(base / "creds.toml"),
+            "SLURM_JOB_UID": str(os.getuid()),
+            "SLURM_JOB_GID": str(os.getgid()),
+        }
+        cred_walls, cred_codes = _time_prolog(cred_env, runs)
+        issued = (base / "jobs" / "1.toml").exists()
+        epilog = str(Path(sys.executable).parent / "straggler-epilog")
+        subprocess.run([epilog], env=cred_env, capture_output=True, check=False)
+        revoked = not (base / "jobs" / "1.toml").exists()
         imports = subprocess.run(
             [
                 sys.executable,
@@ -66,7 +88,15 @@ def main() -> None:
                     "prolog wall time, 8 fake GPUs + 8 IB ports (median / max of 20)",
                     f"{statistics.median(walls) * 1000:.0f} ms / {max(walls) * 1000:.0f} ms",
                 ],
-                ["exit codes", ", ".join(str(c) for c in sorted(codes))],
+                [
+                    "the same, issuing the job's Redis credential (median / max of 20)",
+                    (
+                        f"{statistics.median(cred_walls) * 1000:.0f} ms / "
+                        f"{max(cred_walls) * 1000:.0f} ms "
+                        f"(file written: {issued}, removed by the epilog: {revoked})"
+                    ),
+                ],
+                ["exit codes", ", ".join(str(c) for c in sorted(codes | cred_codes))],
                 [
                     "import time of entry point + settings + hook (top-level total)",
                     f"{total_us / 1000:.0f} ms",
