@@ -7,14 +7,16 @@ context and the next one runs anyway.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any
 
+import redis
 import structlog
 
 from slurm_plugin.config import Settings
@@ -35,8 +37,7 @@ from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.model import JobInfo, NodeInfo
 from slurm_plugin.slurm.scheduler import Scheduler
-from slurm_plugin.telemetry import keys
-from slurm_plugin.telemetry.records import decode_json_entry
+from slurm_plugin.telemetry import credentials
 from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)
@@ -89,6 +90,7 @@ class Service:
         self.policies: dict[str, Policy] = {}
         self._detectors: dict[str, Detector] = {}
         self._evidence = EvidenceFilter()
+        self._last_sweep = 0.0
         self._job_policy: dict[str, str] = {}
         self._flagged: list[tuple[float, str]] = []
 
@@ -152,6 +154,7 @@ class Service:
         # (timeouts, a restarting slurmctld) are finished as soon as it answers again.
         self.executor.recover()
         jobs = self.slurm.jobs()
+        self._sweep_credentials({j.job_id for j in jobs})
         running = {j.job_id: j for j in jobs if j.running}
         nodes = tuple(self.slurm.nodes())
         for job_id in list(self._job_policy):
@@ -209,31 +212,13 @@ class Service:
             detector.add(job.job_id, RecordBatch.from_records(kept))
 
     def _read_events(self, job: JobInfo) -> None:
-        js = self.state.job(job.job_id)
-        cursor = js.get("events_cursor", "0-0")
-        entries = cast(
-            "list[tuple[Any, dict[Any, Any]]]",
-            self.store.client.xrange(keys.job_events(job.job_id), min=f"({cursor}", count=1000),
-        )
-        last_ckpt = None
-        for entry_id, fields in entries:
-            cursor = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-            try:
-                event = decode_json_entry(
-                    {
-                        (k.decode() if isinstance(k, bytes) else k): (
-                            v.decode() if isinstance(v, bytes) else v
-                        )
-                        for k, v in fields.items()
-                    }
-                )
-            except StragglerError:
-                continue
-            if event.get("name") == "checkpoint_end":
-                last_ckpt = float(event.get("ts", self.clock()))
+        cursor = self.state.job(job.job_id).get("events_cursor", "0-0")
+        events, cursor = self.store.read_events(job.job_id, cursor)
         update: dict[str, Any] = {"events_cursor": cursor}
-        if last_ckpt is not None:
-            update.update(last_checkpoint_ts=f"{last_ckpt:.3f}", reports_checkpoints="1")
+        ends = [e["ts"] for e in events if e.get("name") == "checkpoint_end"]
+        checkpoints = [t for t in ends if isinstance(t, int | float) and math.isfinite(t)]
+        if checkpoints:  # a forged or broken ts is ignored, never fatal to the cycle
+            update.update(last_checkpoint_ts=f"{max(checkpoints):.3f}", reports_checkpoints="1")
         self.state.update_job(job.job_id, **update)
 
     # -- decisions ----------------------------------------------------------------------------
@@ -338,6 +323,20 @@ class Service:
         if decision.action == "annotate":
             self._annotate(job, mark, policy)
         return {"id": decision_id, "action": decision.action, "reasons": decision.reasons}
+
+    def _sweep_credentials(self, known: set[str]) -> None:
+        """Every 30 s: revoke per-job credentials whose job Slurm no longer lists."""
+        now = self.clock()
+        if not self.settings.job_credentials or now - self._last_sweep < 30.0:
+            return
+        self._last_sweep = now
+        try:
+            revoked = credentials.sweep(self.store.client, known)
+        except redis.RedisError as exc:
+            log.warning("service.credential_sweep_failed", error=str(exc))
+            return
+        if revoked:
+            log.warning("service.credentials_revoked", jobs=revoked, why="job gone, no epilog")
 
     def _evicting(self, job_id: str) -> bool:
         """An eviction of this job is still open (its outcome not yet known)."""

@@ -100,6 +100,31 @@ def revoke(client: Any, job_id: str) -> None:
     client.delete(secret_key(job_id))
 
 
+def sweep(client: Any, live_job_ids: set[str]) -> list[str]:
+    """Revoke the credentials of jobs Slurm no longer knows (an epilog that never ran: a node
+    crashed, the epilog timed out). Returns the job ids revoked."""
+    answer = client.execute_command("ACL", "USERS", **_all_nodes(client))
+    lists = answer.values() if isinstance(answer, dict) else [answer]
+    names = {_text(name) for names in lists for name in names or []}
+    stale = sorted(
+        name.removeprefix(USER_PREFIX)
+        for name in names
+        if name.startswith(USER_PREFIX) and name.removeprefix(USER_PREFIX) not in live_job_ids
+    )
+    revoked = []
+    for job_id in stale:
+        try:
+            revoke(client, job_id)
+        except TelemetryError:  # a user name we did not make (invalid job id): leave it
+            continue
+        revoked.append(job_id)
+    return revoked
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def credential_path(job_id: str, directory: Path | None = None) -> Path:
     """The file where the job's credential lives on a node."""
     base = directory or Path(os.environ.get(DIR_ENV) or DEFAULT_DIR)

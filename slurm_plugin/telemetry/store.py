@@ -249,6 +249,24 @@ class TelemetryStore:
                 return
             after = page.last_id
 
+    def read_events(
+        self, job_id: str, after: str = "0-0", count: int = 1000
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The job's events after stream id ``after`` (malformed ones skipped), and the id to
+        continue from."""
+        entries = cast(
+            "list[tuple[bytes, dict[bytes, bytes]]]",
+            self.client.xrange(keys.job_events(job_id), min=f"({after}", count=count),
+        )
+        events = []
+        for entry_id, fields in entries:
+            after = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+            try:
+                events.append(decode_json_entry(to_text(fields)))  # type: ignore[arg-type]
+            except TelemetryError:
+                log.warning("telemetry.malformed_entry", job_id=job_id, entry=after)
+        return events, after
+
     def read_json(self, key: str, count: int = 1000) -> list[dict[str, Any]]:
         """The newest ``count`` JSON entries of an events or GPU stream, oldest first."""
         entries = cast(

@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
@@ -316,3 +317,60 @@ def test_only_root_written_hardware_evidence_corroborates(
     assert trusted == ["gpu1 hw_slowdown"]
     state.r.hset(keys.node("node3"), "sidecar", "{not json")
     assert gather_evidence(state, store, "77", "node3", [1]) == ([], [])
+
+
+def test_forged_events_never_break_a_cycle(
+    slurm: Slurm, job_dir: Path, state: ServiceState, env: dict[str, str]
+) -> None:
+    """Events a job controls (garbage JSON, a checkpoint with a non-numeric or infinite ts)
+    are skipped; the cycle succeeds and moves past them."""
+    from slurm_plugin.config import load_settings  # noqa: PLC0415
+    from slurm_plugin.service.factory import build  # noqa: PLC0415
+    from slurm_plugin.service.loop import Service  # noqa: PLC0415
+    from tests.integration.test_service import _submit  # noqa: PLC0415
+
+    job = _submit(slurm, job_dir, "observe", seconds=60)
+    slurm.wait_job(job, "RUNNING")
+    store = TelemetryStore(connect(env["STRAGGLER_REDIS_URL"]))
+    stream = keys.job_events(job)
+    store.client.xadd(stream, {"json": "{not json"})
+    store.client.xadd(stream, {"nothing": "here"})
+    store.publish(job, events=[{"name": "checkpoint_end", "ts": "garbage"}])
+    store.client.xadd(stream, {"json": '{"name": "checkpoint_end", "ts": Infinity}'})
+    store.publish(job, events=[{"name": "checkpoint_end", "ts": 1234.5}])
+    settings = load_settings()
+    report = Service(settings, *build(settings)).cycle()
+    assert report.error is None, report.error
+    service_state = state.job(job)
+    assert service_state["last_checkpoint_ts"] == "1234.500"
+    newest = cast("list[tuple[bytes, object]]", store.client.xrevrange(stream, count=1))
+    assert service_state["events_cursor"] == newest[0][0].decode()
+
+
+def test_service_revokes_credentials_of_vanished_jobs(
+    slurm: Slurm, job_dir: Path, env: dict[str, str]
+) -> None:
+    """An epilog that never ran (node crash) leaves an ACL user behind; the service revokes
+    credentials whose job Slurm no longer lists, and keeps those of live jobs."""
+    from slurm_plugin.config import load_settings  # noqa: PLC0415
+    from slurm_plugin.service.factory import build  # noqa: PLC0415
+    from slurm_plugin.service.loop import Service  # noqa: PLC0415
+    from tests.integration.test_service import _submit  # noqa: PLC0415
+
+    job = _submit(slurm, job_dir, "observe", seconds=60)
+    slurm.wait_job(job, "RUNNING")
+    admin = connect(env["STRAGGLER_REDIS_URL"], decode=True)
+    assert isinstance(admin, redis.Redis)
+    credentials.issue(admin, job)
+    credentials.issue(admin, "999999")
+    settings = load_settings(job_credentials=True)
+    try:
+        report = Service(settings, *build(settings)).cycle()
+        assert report.error is None, report.error
+        assert acl_user(admin, "999999") is None
+        assert not admin.exists(keys.job_credential("999999"))
+        assert acl_user(admin, job) is not None
+    finally:
+        credentials.revoke(admin, job)
+        credentials.revoke(admin, "999999")
+        admin.close()
