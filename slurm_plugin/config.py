@@ -228,6 +228,16 @@ def holds_secret(values: Mapping[str, Any]) -> bool:
         return True  # unparsable: treat as secret, the URL check reports it later
 
 
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for output and messages)."""
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    userinfo, _, host = rest.rpartition("@")
+    user = userinfo.split(":", 1)[0] if ":" in userinfo else userinfo
+    return f"{scheme}://{user}:***@{host}" if ":" in userinfo else url
+
+
 def check_private(path: Path) -> None:
     """Refuse a settings file that holds a credential unless only its owner can read it and
     that owner is root or the user reading it (another user could have planted it)."""

@@ -14,7 +14,7 @@ from slurm_plugin.cli.demo import demo
 from slurm_plugin.cli.devcluster import devcluster
 from slurm_plugin.cli.output import emit_json, emit_table
 from slurm_plugin.cli.telemetry import export, sidecar
-from slurm_plugin.config import Settings, load_settings, resolve_config_path
+from slurm_plugin.config import Settings, load_settings, redact_url, resolve_config_path
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.logging import configure_logging
 
@@ -66,6 +66,7 @@ def config_show(ctx: click.Context, as_json: bool) -> None:
     """Print every setting with its effective value and the file it was read from."""
     settings: Settings = ctx.obj
     values = settings.model_dump(mode="json")
+    values["redis_url"] = redact_url(values["redis_url"])  # never print the admin password
     source = ctx.meta["config_path"]
     if as_json:
         emit_json({"config_file": str(source) if source else None, "settings": values})

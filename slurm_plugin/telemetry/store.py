@@ -128,10 +128,9 @@ def ping(url: str, timeout_s: float = 1.0, tls: Tls | None = None) -> bool:
 
 def _redact(url: str) -> str:
     """The URL without its password, for messages."""
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    from slurm_plugin.config import redact_url  # noqa: PLC0415 - config imports are heavy
+
+    return redact_url(url)
 
 
 def _fields(fields: Mapping[str, str]) -> dict[Any, Any]:

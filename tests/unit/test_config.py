@@ -123,3 +123,27 @@ def test_file_without_a_password_may_be_world_readable(tmp_path: Path) -> None:
     path.chmod(0o644)
     settings = load_settings(path)
     assert settings.redis_tls_ca_file == Path("/etc/ca.pem")
+
+
+def test_redact_url_hides_only_the_password() -> None:
+    """Passwords never reach output; the rest of the URL stays readable."""
+    from slurm_plugin.config import redact_url  # noqa: PLC0415
+
+    assert redact_url("rediss://admin:s3cr@t@db:6380/0") == "rediss://admin:***@db:6380/0"
+    assert redact_url("redis://:pw@db:6379/0") == "redis://:***@db:6379/0"
+    assert redact_url("redis://user@db:6379/0") == "redis://user@db:6379/0"
+    assert redact_url("redis://db:6379/0") == "redis://db:6379/0"
+
+
+def test_config_show_never_prints_the_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`straggler config show` (table and JSON) redacts the admin password."""
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from slurm_plugin.cli.main import cli  # noqa: PLC0415
+
+    monkeypatch.setenv("STRAGGLER_REDIS_URL", "redis://admin:s3cret@db:6379/0")
+    for args in (["config", "show"], ["config", "show", "--json"]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, result.output
+        assert "s3cret" not in result.output
+        assert "admin:***@db" in result.output
