@@ -71,12 +71,12 @@ class Executor:
         try:
             self.slurm.requeue_hold(job.job_id)
         except SlurmError as exc:
-            return self._hold_failed(decision_id, job, exc)
+            return self._hold_failed(decision_id, job, node, exc)
         held_at = self.clock()
         self.state.save_decision(decision_id, {"state": "held", "held_at": f"{held_at:.3f}"})
         return self._finish(decision_id, job.job_id, node, job.restarts, held_at)
 
-    def _hold_failed(self, decision_id: str, job: JobInfo, exc: SlurmError) -> str:
+    def _hold_failed(self, decision_id: str, job: JobInfo, node: str, exc: SlurmError) -> str:
         """requeuehold failed: a refusal Slurm answered is final; otherwise (timeout, no
         controller) the requeue may still happen, so the decision stays open for recover()."""
         try:
@@ -89,7 +89,7 @@ class Executor:
                 decision_id,
                 {"state": "held", "held_at": f"{held_at:.3f}", "note": f"requeuehold: {exc}"},
             )
-            return self._finish(decision_id, job.job_id, "", job.restarts, held_at)
+            return self._finish(decision_id, job.job_id, node, job.restarts, held_at)
         if now is not None and now.running and not _timed_out(exc):
             self.state.save_decision(
                 decision_id, {"state": "failed", "error": f"requeuehold: {exc}"}
@@ -105,7 +105,6 @@ class Executor:
         self, decision_id: str, job_id: str, node: str, restarts_before: int, held_at: float
     ) -> str:
         """From 'held' on: exclude (merging old exclusions), release, verify."""
-        node = node or self.state.decision(decision_id).get("node", "")
         error = None
         try:
             current = self.slurm.job(job_id)
@@ -199,11 +198,13 @@ class Executor:
             elif state == "released":
                 self._verify(decision_id, job_id, node, before)
             else:  # planned (held by us), held or excluded
-                held_at = _float(rec.get("held_at"), now) if state != "planned" else now
-                if state == "planned":
+                if state == "planned":  # our requeuehold landed after all: held from now on
+                    held_at = now
                     self.state.save_decision(
                         decision_id, {"state": "held", "held_at": f"{now:.3f}", "recovered": "yes"}
                     )
+                else:
+                    held_at = _float(rec.get("held_at"), now)
                 self._finish(decision_id, job_id, node, before, held_at)
             done.append(decision_id)
         return done
