@@ -399,7 +399,7 @@ class Service:
         if self.dry_run:
             return
         for node in nodes:
-            if not node.reason.startswith("Prolog error"):
+            if not (node.drained and node.reason.startswith("Prolog error")):
                 continue
             finding = self.state.prolog_finding(node.name)
             if not finding:

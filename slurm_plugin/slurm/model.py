@@ -50,6 +50,12 @@ class NodeInfo:
     partitions: tuple[str, ...]
 
     @property
+    def drained(self) -> bool:
+        """Drained or draining, by its state flags. Never by its reason alone: Slurm 24.11 keeps
+        a node's Reason for 20 s or more after RESUME."""
+        return self.state == "drained" or bool({"DRAIN", "DRAINED", "DRAINING"} & set(self.flags))
+
+    @property
     def usable(self) -> bool:
         """Can take jobs: not down, drained, draining or failing."""
         bad = {"DRAIN", "DRAINED", "DRAINING", "FAIL", "NOT_RESPONDING", "MAINTENANCE"}

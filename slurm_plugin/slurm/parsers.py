@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 import hostlist
@@ -11,13 +12,16 @@ import hostlist
 from slurm_plugin.errors import SlurmError
 from slurm_plugin.slurm.model import JobInfo, NodeInfo
 
-# A new field starts at a space followed by ``Key=`` where Key is a Slurm field name. Values may
-# contain spaces (Command=, Comment=, Reason=), so splitting on every space would be wrong.
+# As far as text can tell, a new field starts at a space followed by ``Key=`` where Key is a
+# Slurm field name. Values may contain spaces (Command=, Comment=, Reason=), so splitting on
+# every space would be wrong.
 _FIELD_START = re.compile(r"(?:^|\s)(?=[A-Z][A-Za-z0-9_:/]*=)")
 
 
 def parse_scontrol_record(line: str) -> dict[str, str]:
-    """Parse one ``scontrol -o show job|node`` line into ``{Key: value}``."""
+    """Parse one ``scontrol -o show job|node`` line into ``{Key: value}``, for display and
+    diagnostics only: the text format cannot be split unambiguously (a job's name, comment or
+    submit line may hold ``Key=Value`` text), so nothing the service trusts comes from here."""
     record: dict[str, str] = {}
     for chunk in _FIELD_START.split(line.strip()):
         if not chunk:
@@ -47,12 +51,26 @@ def collect_hostlist(hosts: list[str]) -> str:
     return str(hostlist.collect_hostlist(hosts)) if hosts else ""
 
 
-def _load(text: str, key: str) -> list[dict[str, Any]]:
+def _document(text: str) -> dict[str, Any]:
+    """A Slurm JSON answer. One that carries ``errors`` (22.05's squeue exits 0 with an error and
+    no jobs when slurmctld is away) is an error, never an empty list."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise SlurmError(f"not JSON: {exc}") from None
-    items = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        raise SlurmError("Slurm's JSON answer is not an object")
+    errors = data.get("errors")
+    if errors:
+        first = errors[0] if isinstance(errors, list) else errors
+        if isinstance(first, dict):
+            first = first.get("description") or first.get("error") or first
+        raise SlurmError(f"Slurm answered with errors: {str(first)[:160]}")
+    return data
+
+
+def _items(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    items = data.get(key)
     if not isinstance(items, list):
         raise SlurmError(f"JSON without a {key!r} list")
     return [i for i in items if isinstance(i, dict)]
@@ -104,62 +122,71 @@ def _job(item: dict[str, Any]) -> JobInfo:
 
 def parse_squeue_json(text: str) -> list[JobInfo]:
     """Jobs from ``squeue --json`` (which ignores filters in 22.05: filter in code)."""
-    return [_job(item) for item in _load(text, "jobs")]
+    return [_job(item) for item in _items(_document(text), "jobs")]
 
 
 def parse_sinfo_json(text: str) -> list[NodeInfo]:
-    """Nodes from ``sinfo --json`` (one entry per node)."""
-    nodes = []
-    for item in _load(text, "nodes"):
-        name = _text(item.get("name"))
-        if not name:
-            raise SlurmError("node without a name")
-        state = item.get("state")
-        flags = item.get("state_flags") or []
-        if isinstance(state, list):  # newer Slurm: state is a list of base state and flags
-            flags = [*state[1:], *flags]
-            state = state[0] if state else ""
-        nodes.append(
-            NodeInfo(
-                name=name,
-                state=_text(state).lower(),
-                flags=tuple(str(f) for f in flags),
-                reason=_text(item.get("reason")),
-                partitions=tuple(str(p) for p in item.get("partitions") or []),
-            )
-        )
-    return nodes
+    """Nodes from ``sinfo --json``, one per node, of either shape: a ``"nodes"`` list (22.05) or,
+    from 23.02 on, a ``"sinfo"`` list of node groups (one per partition and state, so a node in
+    two partitions appears twice: its partitions are merged)."""
+    data = _document(text)
+    if "sinfo" not in data:
+        return [_node_of_22_05(item) for item in _items(data, "nodes")]
+    merged: dict[str, NodeInfo] = {}
+    for group in _items(data, "sinfo"):
+        for node in _nodes_of_group(group):
+            seen = merged.get(node.name)
+            both = node.partitions if seen is None else (*seen.partitions, *node.partitions)
+            merged[node.name] = replace(seen or node, partitions=tuple(dict.fromkeys(both)))
+    return list(merged.values())
 
 
-def parse_scontrol_job(line: str) -> JobInfo:
-    """One job from ``scontrol -o show job J``. Comment fields may hold anything, so prefer
-    ``squeue --json`` for them; this is for the fields only scontrol shows promptly."""
-    record = parse_scontrol_record(line)
-    if "JobId" not in record:
-        raise SlurmError(f"scontrol output without a JobId: {line[:80]!r}")
-    job_id = str(_count(record, "JobId"))
-    return JobInfo(
-        job_id=job_id,
-        name=record.get("JobName", ""),
-        state=record.get("JobState", ""),
-        reason=record.get("Reason", ""),
-        nodes=tuple(expand_hostlist(record.get("NodeList", ""))),
-        excluded=tuple(expand_hostlist(record.get("ExcNodeList", ""))),
-        restarts=_count(record, "Restarts"),
-        requeue=record.get("Requeue") == "1",
-        comment=record.get("Comment", ""),
-        admin_comment=record.get("AdminComment", ""),
-        partition=record.get("Partition", ""),
-        node_count=_count(record, "NumNodes"),
-        user=record.get("UserId", "").split("(")[0],
-        priority=int(record["Priority"]) if record.get("Priority", "").isdigit() else None,
+def _state(state: Any, flags: Any) -> tuple[str, tuple[str, ...]]:
+    """Base state (lower case) and flags; newer Slurm lists the flags after the base state."""
+    extra = [str(f) for f in flags] if isinstance(flags, list) else []
+    if isinstance(state, list):
+        extra = [str(f) for f in state[1:]] + extra
+        state = state[0] if state else ""
+    return _text(state).lower(), tuple(extra)
+
+
+def _node_of_22_05(item: dict[str, Any]) -> NodeInfo:
+    name = _text(item.get("name"))
+    if not name:
+        raise SlurmError("node without a name")
+    state, flags = _state(item.get("state"), item.get("state_flags"))
+    partitions = item.get("partitions")
+    return NodeInfo(
+        name=name,
+        state=state,
+        flags=flags,
+        reason=_text(item.get("reason")),
+        partitions=tuple(str(p) for p in partitions) if isinstance(partitions, list) else (),
     )
 
 
-def _count(record: dict[str, str], key: str) -> int:
-    """A non-negative count field (``NumNodes=2-4`` gives its minimum); SlurmError names it."""
-    value = record.get(key, "0")
-    text = (value.split("-", 1)[0] or "0") if key != "JobId" else value
-    if not text.isdigit() or not text.isascii():
-        raise SlurmError(f"scontrol field {key}={record.get(key, '')[:20]!r} is not a count")
-    return int(text)
+def _nodes_of_group(group: dict[str, Any]) -> list[NodeInfo]:
+    members = group.get("nodes")
+    names = members.get("nodes") if isinstance(members, dict) else None
+    hosts = (
+        [h for entry in names for h in expand_hostlist(_text(entry))]
+        if isinstance(names, list)
+        else []
+    )
+    if not hosts:
+        raise SlurmError(f"sinfo node group without node names: {str(group)[:80]}")
+    node = group.get("node")
+    state, flags = _state(node.get("state") if isinstance(node, dict) else None, None)
+    reason = group.get("reason")
+    partition = group.get("partition")
+    partition_name = _text(partition.get("name")) if isinstance(partition, dict) else ""
+    return [
+        NodeInfo(
+            name=host,
+            state=state,
+            flags=flags,
+            reason=_text(reason.get("description") if isinstance(reason, dict) else reason),
+            partitions=(partition_name,) if partition_name else (),
+        )
+        for host in hosts
+    ]

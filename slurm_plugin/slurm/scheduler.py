@@ -7,19 +7,15 @@ and callers treat the answer as unknown.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from slurm_plugin.config import Settings
 from slurm_plugin.errors import CommandError, SlurmError
 from slurm_plugin.slurm.model import JobInfo, NodeInfo
-from slurm_plugin.slurm.parsers import (
-    collect_hostlist,
-    parse_scontrol_job,
-    parse_sinfo_json,
-    parse_squeue_json,
-)
-from slurm_plugin.slurm.runner import run_command
+from slurm_plugin.slurm.parsers import collect_hostlist, parse_sinfo_json, parse_squeue_json
+from slurm_plugin.slurm.release import SlurmRelease, parse_version
+from slurm_plugin.slurm.runner import CommandResult, run_command
 from slurm_plugin.telemetry.keys import check_job_id, check_node
 
 
@@ -63,42 +59,52 @@ class Scheduler(Protocol):
         ...
 
 
-class ScontrolScheduler:
-    """:class:`Scheduler` over squeue, sinfo and scontrol."""
+Runner = Callable[..., CommandResult]
 
-    def __init__(self, settings: Settings) -> None:
+
+class ScontrolScheduler:
+    """:class:`Scheduler` over squeue, sinfo and scontrol.
+
+    Job state comes only from Slurm's JSON (``squeue --json``, or ``scontrol --json show job J``
+    on releases that have it), never from ``scontrol -o`` text, where a job's name, comment or
+    submit line can hold ``JobState=...`` and be read as a field. ``runner`` is the command seam
+    (``run_command``'s signature); tests pass canned outputs through it.
+    """
+
+    def __init__(self, settings: Settings, *, runner: Runner = run_command) -> None:
         self.settings = settings
-        self.errors = 0
+        self._runner = runner
+        self._release: SlurmRelease | None = None
 
     def _run(self, name: str, *args: str) -> str:
         argv = [self.settings.slurm_command(name), *args]
         try:
-            return run_command(
+            result: CommandResult = self._runner(
                 argv, timeout_s=self.settings.command_timeout_s, env=self.settings.slurm_env()
-            ).stdout
+            )
         except CommandError as exc:
-            self.errors += 1
             raise SlurmError(f"{' '.join(argv[:4])}: {exc}") from exc
+        return result.stdout
+
+    def slurm_release(self) -> SlurmRelease:
+        """The release ``scontrol --version`` names (asked once)."""
+        if self._release is None:
+            self._release = parse_version(self._run("scontrol", "--version"))
+        return self._release
 
     def jobs(self) -> list[JobInfo]:
         return parse_squeue_json(self._run("squeue", "--json"))
 
     def job(self, job_id: str) -> JobInfo:
-        line = self._run("scontrol", "-o", "show", "job", check_job_id(job_id)).strip()
-        fresh = parse_scontrol_job(line.splitlines()[0] if line else "")
-        # Comments may contain anything; squeue's JSON carries them unambiguously.
-        for info in self.jobs():
-            if info.job_id == fresh.job_id:
-                return JobInfo(
-                    **{
-                        **fresh.__dict__,
-                        "comment": info.comment,
-                        "admin_comment": info.admin_comment,
-                        "time_limit_s": info.time_limit_s,
-                        "start_time": info.start_time,
-                    }
-                )
-        return fresh
+        job_id = check_job_id(job_id)
+        if self.slurm_release().scontrol_json:
+            listed = parse_squeue_json(self._run("scontrol", "--json", "show", "job", job_id))
+        else:  # 22.05: no scontrol --json, and squeue --json ignores -j: filter here
+            listed = self.jobs()
+        for info in listed:
+            if info.job_id == job_id:
+                return info
+        raise SlurmError(f"job {job_id} is not known to Slurm")
 
     def nodes(self) -> list[NodeInfo]:
         return parse_sinfo_json(self._run("sinfo", "--json"))

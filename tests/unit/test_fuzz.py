@@ -20,7 +20,6 @@ from slurm_plugin.policy.loader import load_policy
 from slurm_plugin.slurm.parsers import (
     collect_hostlist,
     expand_hostlist,
-    parse_scontrol_job,
     parse_scontrol_record,
     parse_sinfo_json,
     parse_squeue_json,
@@ -167,37 +166,6 @@ def test_policy_file_of_garbage(tmp_path_factory: object, content: str) -> None:
 
 
 # -- Slurm output ---------------------------------------------------------------------------
-scontrol_key = st.sampled_from(
-    [
-        "JobId",
-        "JobName",
-        "JobState",
-        "Restarts",
-        "Requeue",
-        "NumNodes",
-        "Priority",
-        "NodeList",
-        "ExcNodeList",
-        "UserId",
-        "Reason",
-        "Comment",
-    ]
-)
-
-
-@FUZZ
-@given(st.lists(st.tuples(scontrol_key, numberish), max_size=12))
-def test_scontrol_job_parses_or_raises(pairs: list[tuple[str, str]]) -> None:
-    """``scontrol -o show job`` lines with any values: a JobInfo, or SlurmError."""
-    line = " ".join(f"{k}={v}" for k, v in pairs)
-    try:
-        job = parse_scontrol_job(line)
-    except SlurmError:
-        return
-    assert job.job_id.isdigit()
-    assert job.restarts >= 0
-
-
 @FUZZ
 @given(text)
 def test_scontrol_record_of_garbage(line: str) -> None:
@@ -237,7 +205,12 @@ job_item = st.dictionaries(
 @given(st.lists(job_item, max_size=4), json_value)
 def test_squeue_and_sinfo_json_parse_or_raise(items: list[dict[str, object]], junk: object) -> None:
     """squeue/sinfo JSON with any shapes and values: parsed, or SlurmError."""
-    for payload in ({"jobs": items, "nodes": items}, junk):
+    for payload in (
+        {"jobs": items, "nodes": items},
+        {"sinfo": [{"nodes": {"nodes": [i.get("name")]}, "node": i} for i in items]},
+        {"jobs": items, "sinfo": items, "errors": junk},
+        junk,
+    ):
         for parse in (parse_squeue_json, parse_sinfo_json):
             with contextlib.suppress(SlurmError):
                 parse(json.dumps(payload))

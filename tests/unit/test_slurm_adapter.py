@@ -8,7 +8,7 @@ import pytest
 
 from slurm_plugin.errors import SlurmError
 from slurm_plugin.slurm import marks
-from slurm_plugin.slurm.parsers import parse_scontrol_job, parse_sinfo_json, parse_squeue_json
+from slurm_plugin.slurm.parsers import parse_scontrol_record, parse_sinfo_json, parse_squeue_json
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -38,13 +38,14 @@ def test_sinfo_json_golden() -> None:
     assert not marks.is_ours(nodes["node4"].reason)
 
 
-def test_scontrol_show_job_golden() -> None:
-    """`scontrol -o show job` keeps names with spaces and quotes intact."""
-    job = parse_scontrol_job((GOLDEN / "scontrol_show_job.txt").read_text())
-    assert job.job_id == "1"
-    assert job.name == 'it\'s a; "test" job'
-    assert job.restarts == 0
-    assert job.nodes == ("node1", "node2", "node3")
+def test_scontrol_record_is_not_trusted_with_free_text() -> None:
+    """Why no job state is read from `scontrol -o` text: a comment holding `JobState=` text is
+    split into a field of its own (golden line of Slurm 24.11)."""
+    record = parse_scontrol_record(
+        (GOLDEN / "slurm-24.11" / "show_job_comment_injection.out").read_text()
+    )
+    assert record["JobState"] == "RUNNING"  # the comment's text; the job is held and PENDING
+    assert record["Restarts"] == "7"
 
 
 @pytest.mark.parametrize("text", ["", "[]", '{"jobs": 3}', "{not json"])

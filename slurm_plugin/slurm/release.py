@@ -1,0 +1,93 @@
+"""Which Slurm release answers, and what that release can do: the one place where release
+differences are decided (detected from ``scontrol --version`` or a JSON answer's ``meta``).
+
+Parsers that can tell a shape from the document itself (``sinfo --json`` groups nodes under
+``"sinfo"`` from 23.02 on, numbers become ``{set, infinite, number}`` objects) do so; what cannot be
+seen in a document (which commands exist) is asked of :class:`SlurmRelease`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from slurm_plugin.errors import SlurmError
+
+# Releases whose output the adapter was run against on a real cluster (make test-releases and
+# ../shared/slurm-outputs): 22.05.8 (Debian 12), 24.11.5 (Debian 13), 26.05.5 (Debian sid).
+TESTED = ("22.05", "24.11", "26.05")
+# Slurm's release series between the oldest and newest tested one; any of them is parsed, but
+# only TESTED ones were seen.
+KNOWN = ("22.05", "23.02", "23.11", "24.05", "24.11", "25.05", "25.11", "26.05")
+
+_VERSION = re.compile(r"\b(\d{2})\.(\d{2})(?:\.(\d+))?")
+
+
+@dataclass(frozen=True, order=True)
+class SlurmRelease:
+    """A Slurm release (``24.11.5`` -> major 24, minor 11, micro 5)."""
+
+    major: int
+    minor: int
+    micro: int = 0
+
+    @property
+    def series(self) -> str:
+        """``24.11``: the release series, as Slurm names it."""
+        return f"{self.major:02d}.{self.minor:02d}"
+
+    def __str__(self) -> str:
+        return f"{self.series}.{self.micro}"
+
+    @property
+    def tested(self) -> bool:
+        """A series this project runs its tests against."""
+        return self.series in TESTED
+
+    @property
+    def known(self) -> bool:
+        """A series between the oldest and the newest tested one."""
+        return self.series in KNOWN
+
+    @property
+    def scontrol_json(self) -> bool:
+        """``scontrol show job J --json`` exists (from 23.02 on; 22.05 rejects ``--json``)."""
+        return (self.major, self.minor) >= (23, 2)
+
+    @property
+    def cgroup_plugin_disabled(self) -> bool:
+        """``CgroupPlugin=disabled`` is accepted in cgroup.conf (22.05 rejects the value)."""
+        return (self.major, self.minor) >= (23, 2)
+
+    @property
+    def keeps_reason_after_resume(self) -> bool:
+        """24.11 keeps a node's Reason for 20 s or more after RESUME: never read "drained"
+        from a reason alone (the state flags say it)."""
+        return self.series == "24.11"
+
+
+def parse_version(text: str) -> SlurmRelease:
+    """``slurm 22.05.8`` / ``slurm-wlm 24.11.5`` (``scontrol --version``) -> a release."""
+    match = _VERSION.search(text)
+    if match is None:
+        raise SlurmError(f"cannot read a Slurm version from {text.strip()[:60]!r}")
+    return SlurmRelease(int(match.group(1)), int(match.group(2)), int(match.group(3) or 0))
+
+
+def release_of_meta(document: Any) -> SlurmRelease | None:
+    """The release a JSON answer names in ``meta`` (``Slurm`` in 22.05, ``slurm`` later, with
+    numbers or strings), or None when it names none."""
+    meta = document.get("meta") if isinstance(document, dict) else None
+    slurm = (meta.get("slurm") or meta.get("Slurm")) if isinstance(meta, dict) else None
+    if not isinstance(slurm, dict):
+        return None
+    release, version = slurm.get("release"), slurm.get("version")
+    try:
+        if isinstance(release, str):
+            return parse_version(release)
+        if isinstance(version, dict):
+            return SlurmRelease(*(int(str(version.get(k, 0))) for k in ("major", "minor", "micro")))
+    except (SlurmError, ValueError):
+        return None
+    return None
