@@ -12,7 +12,14 @@ APT_PACKAGES := slurmctld slurmd slurm-client munge libslurm-dev redis-server gc
 SYSTEM_PROGRAMS := munged slurmctld slurmd scontrol sinfo squeue sbatch scancel redis-server \
                    unshare hostname gcc openssl runuser
 
-.PHONY: install system-packages test demo lint cluster-up cluster-down clean
+# Slurm releases tested for real by `make test-releases` (Debian suite:Slurm series), and the
+# tests run on each: the scheduler contract, eviction and drain through the service, SPANK.
+RELEASES ?= bookworm:22.05 trixie:24.11 sid:26.05
+RELEASE_TESTS ?= tests/unit/test_slurm_releases.py tests/integration/test_scheduler_contract.py \
+                 tests/integration/test_cluster_harness.py tests/integration/test_service.py \
+                 tests/integration/test_spank.py
+
+.PHONY: install system-packages test test-releases demo lint cluster-up cluster-down clean
 
 install: system-packages $(VENV)/.installed
 
@@ -46,6 +53,19 @@ test: install
 	fi; \
 	$(BIN)/straggler devcluster down || true; \
 	exit $$status
+
+# The same tests on every Slurm release of RELEASES, each in a minimal Debian chroot with its own
+# namespaces (contrib/releases/test-release; chroots cached in .releases/). Leaves the host's
+# cluster, ports and /etc/hosts alone. Runs every release, then fails if any failed.
+test-releases:
+	@command -v debootstrap >/dev/null 2>&1 && command -v ip >/dev/null 2>&1 || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends debootstrap debian-archive-keyring iproute2; }
+	@failed=""; \
+	for r in $(RELEASES); do \
+	  contrib/releases/test-release "$${r%%:*}" "$${r##*:}" -q $(RELEASE_TESTS) || failed="$$failed $$r"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "test-releases: failed on$$failed" >&2; exit 1; fi
 
 # The demo: a real DDP job on the local cluster, node3 slowed down for real, detected and the
 # job requeued without it; then the same job under `observe` for comparison. Report in

@@ -11,6 +11,17 @@ import structlog
 _TIERS = {"unit": pytest.mark.unit, "integration": pytest.mark.integration, "gpu": pytest.mark.gpu}
 
 
+def pytest_report_header() -> str:
+    """Which Slurm the integration tests run on (make test-releases runs three)."""
+    from slurm_plugin.devcluster import DevCluster  # noqa: PLC0415 - only for the header
+    from slurm_plugin.errors import StragglerError  # noqa: PLC0415
+
+    try:
+        return f"slurm: {DevCluster(Path('/nonexistent')).release()}"
+    except StragglerError as exc:
+        return f"slurm: unknown ({exc})"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         tier = Path(str(item.path)).parent.name

@@ -23,6 +23,7 @@ import structlog
 from slurm_plugin.config import Settings
 from slurm_plugin.devcluster import procs
 from slurm_plugin.errors import CommandError, DevClusterError
+from slurm_plugin.slurm.release import SlurmRelease, parse_version
 from slurm_plugin.slurm.runner import run_command
 from slurm_plugin.telemetry.store import ping
 
@@ -258,6 +259,7 @@ class DevCluster:
         stack = self.base / "etc" / "plugstack.conf"
         if plugstack is not None or not stack.exists():
             changed |= _write_if_changed(stack, "".join(f"{line}\n" for line in plugstack or ()))
+        changed |= self._write_cgroup_conf()
         _write_if_changed(self.base / "etc" / "redis.conf", redis_conf)
         for hook, target in (("prolog", prolog), ("epilog", epilog)):
             _write_if_changed(self.base / "etc" / hook, self._hook_script(hook, target))
@@ -267,6 +269,23 @@ class DevCluster:
             key.write_bytes(os.urandom(1024))
             key.chmod(0o400)
         return changed
+
+    def release(self) -> SlurmRelease:
+        """The release of the installed slurmd (``slurmd -V`` needs no configuration)."""
+        result = run_command(["slurmd", "-V"], timeout_s=self.timeout_s)
+        return parse_version(result.stdout or result.stderr)
+
+    def _write_cgroup_conf(self) -> bool:
+        """Without a cgroup filesystem (a container, a namespace) slurmd refuses to start unless
+        cgroup.conf says ``CgroupPlugin=disabled``, which 22.05 rejects: write it only where the
+        release accepts it and no cgroup hierarchy is mounted; True when the file changed."""
+        path = self.base / "etc" / "cgroup.conf"
+        if procs.cgroup_mounted() or not self.release().cgroup_plugin_disabled:
+            if path.exists():
+                path.unlink()
+                return True
+            return False
+        return _write_if_changed(path, "CgroupPlugin=disabled\n")
 
     def _hook_script(self, hook: str, target: Path | None) -> str:
         faults = shlex.quote(str(self.base / "faults"))

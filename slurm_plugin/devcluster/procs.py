@@ -102,3 +102,20 @@ def write_in_place(path: Path, text: str) -> None:
         handle.seek(0)
         handle.write(text)
         handle.truncate()
+
+
+def cgroup_mounted(mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
+    """True when a cgroup (v1 or v2) filesystem is mounted at or under /sys/fs/cgroup."""
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        fields = line.split(" - ", 1)
+        if len(fields) != 2:
+            continue
+        mount_point = fields[0].split()[4] if len(fields[0].split()) > 4 else ""
+        fstype = fields[1].split()[0] if fields[1].split() else ""
+        if fstype in {"cgroup", "cgroup2"} and mount_point.startswith("/sys/fs/cgroup"):
+            return True
+    return False

@@ -21,6 +21,7 @@ from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.service.factory import build
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.parsers import expand_hostlist, parse_scontrol_record
+from slurm_plugin.slurm.release import TESTED
 from slurm_plugin.slurm.runner import CommandResult, run_command
 from slurm_plugin.telemetry.store import ping
 
@@ -84,6 +85,14 @@ class Slurm:
 def cluster() -> Iterator[DevCluster]:
     """The dev cluster: reused when already up (make test starts it), else started here."""
     dev = DevCluster.from_settings(load_settings())
+    release = dev.release()
+    if not release.tested:
+        pytest.fail(
+            f"Slurm {release} is not a release this project has tested ({', '.join(TESTED)}): "
+            "capture its output into tests/unit/golden, run make test-releases with it and add "
+            "it to slurm_plugin.slurm.release.TESTED",
+            pytrace=False,
+        )
     started_here = not dev.status().ready
     dev.up(spank=True)  # idempotent; loads the SPANK plugin if the running cluster lacks it
     yield dev

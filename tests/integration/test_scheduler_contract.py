@@ -1,5 +1,6 @@
-"""The Scheduler contract, run against every backend importable here (scontrol; pyslurm
-needs Slurm 25.11 and is not buildable against this cluster's 22.05)."""
+"""The Scheduler contract, run against every backend (scontrol is the one tested backend: PyPI's
+pyslurm builds only against Slurm 25.11, which no Debian release ships). `make test-releases`
+runs it on Slurm 22.05, 24.11 and 26.05."""
 
 from __future__ import annotations
 
@@ -69,3 +70,32 @@ def test_drain_resume_and_errors(scheduler: Scheduler, slurm: Slurm) -> None:
         scheduler.job("999999")
     with pytest.raises(StragglerError, match="invalid node name"):
         scheduler.drain("node2; reboot", "x")
+
+
+def test_job_text_cannot_forge_state(scheduler: Scheduler, slurm: Slurm) -> None:
+    """The reproduction of issue 15 on the real cluster: a held job whose name, comment and
+    --wrap command say `Restarts=7 NodeList=node9 JobState=RUNNING` is seen held, pending, with
+    no restarts and no nodes."""
+    hostile = "x Restarts=7 NodeList=node9 JobState=RUNNING Priority=9 ExcNodeList=node3"
+    job = slurm.sbatch(
+        "-N1",
+        "--hold",
+        "--requeue",
+        "-J",
+        hostile,
+        f"--comment={hostile}",
+        "--output=/dev/null",
+        "--wrap",
+        f"sleep 600 # {hostile}",
+    )
+    seen = scheduler.job(job)
+    assert (seen.state, seen.held, seen.restarts, seen.nodes, seen.excluded) == (
+        "PENDING",
+        True,
+        0,
+        (),
+        (),
+    )
+    assert (seen.name, seen.comment) == (hostile, hostile)
+    listed = next(j for j in scheduler.jobs() if j.job_id == job)
+    assert (listed.state, listed.held, listed.restarts, listed.nodes) == ("PENDING", True, 0, ())

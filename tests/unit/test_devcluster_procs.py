@@ -72,3 +72,18 @@ def test_fault_injection_validates_node_names(tmp_path: Path) -> None:
     assert list((tmp_path / "dc" / "faults").iterdir()) == []
     with pytest.raises(DevClusterError, match="nodes must be"):
         DevCluster(tmp_path, nodes=0)
+
+
+def test_cgroup_mounted_reads_mountinfo(tmp_path: Path) -> None:
+    """A cgroup v1 or v2 mount under /sys/fs/cgroup counts; sysfs alone or elsewhere does not."""
+    info = tmp_path / "mountinfo"
+    sysfs = "22 1 0:20 / /sys rw,nosuid - sysfs sysfs rw\n"
+    info.write_text(sysfs)
+    assert not procs.cgroup_mounted(info)
+    info.write_text(sysfs + "30 22 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n")
+    assert procs.cgroup_mounted(info)
+    info.write_text(sysfs + "31 22 0:27 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n")
+    assert procs.cgroup_mounted(info)
+    info.write_text("32 22 0:28 / /mnt/cg rw - cgroup2 cgroup2 rw\n")
+    assert not procs.cgroup_mounted(info)
+    assert not procs.cgroup_mounted(tmp_path / "missing")
