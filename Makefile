@@ -55,7 +55,7 @@ test: install
 	exit $$status
 
 # The same tests on every Slurm release of RELEASES, each in a minimal Debian chroot with its own
-# namespaces (contrib/releases/test-release; chroots cached in .releases/). Leaves the host's
+# namespaces (contrib/releases/test-release; chroots cached in /var/cache). Leaves the host's
 # cluster, ports and /etc/hosts alone. Runs every release, then fails if any failed.
 test-releases:
 	@command -v debootstrap >/dev/null 2>&1 && command -v ip >/dev/null 2>&1 || { \

@@ -1,6 +1,8 @@
 """Which Slurm release answers, and what that release can do: the one place where release
 differences are decided (detected from ``scontrol --version`` or a JSON answer's ``meta``).
 
+Release facts that need no switch are handled everywhere: 24.11 keeps a node's Reason for 20 s
+or more after RESUME, so "drained" is read from state flags only (``NodeInfo.drained``).
 Parsers that can tell a shape from the document itself (``sinfo --json`` groups nodes under
 ``"sinfo"`` from 23.02 on, numbers become ``{set, infinite, number}`` objects) do so; what cannot be
 seen in a document (which commands exist) is asked of :class:`SlurmRelease`.
@@ -17,9 +19,6 @@ from slurm_plugin.errors import SlurmError
 # Releases whose output the adapter was run against on a real cluster (make test-releases and
 # ../shared/slurm-outputs): 22.05.8 (Debian 12), 24.11.5 (Debian 13), 26.05.5 (Debian sid).
 TESTED = ("22.05", "24.11", "26.05")
-# Slurm's release series between the oldest and newest tested one; any of them is parsed, but
-# only TESTED ones were seen.
-KNOWN = ("22.05", "23.02", "23.11", "24.05", "24.11", "25.05", "25.11", "26.05")
 
 _VERSION = re.compile(r"\b(\d{2})\.(\d{2})(?:\.(\d+))?")
 
@@ -46,11 +45,6 @@ class SlurmRelease:
         return self.series in TESTED
 
     @property
-    def known(self) -> bool:
-        """A series between the oldest and the newest tested one."""
-        return self.series in KNOWN
-
-    @property
     def scontrol_json(self) -> bool:
         """``scontrol show job J --json`` exists (from 23.02 on; 22.05 rejects ``--json``)."""
         return (self.major, self.minor) >= (23, 2)
@@ -59,12 +53,6 @@ class SlurmRelease:
     def cgroup_plugin_disabled(self) -> bool:
         """``CgroupPlugin=disabled`` is accepted in cgroup.conf (22.05 rejects the value)."""
         return (self.major, self.minor) >= (23, 2)
-
-    @property
-    def keeps_reason_after_resume(self) -> bool:
-        """24.11 keeps a node's Reason for 20 s or more after RESUME: never read "drained"
-        from a reason alone (the state flags say it)."""
-        return self.series == "24.11"
 
 
 def parse_version(text: str) -> SlurmRelease:
