@@ -45,6 +45,10 @@ class SlurmError(StragglerError):
     """Slurm refused a request or answered something we cannot parse."""
 
 
+class JobNotFoundError(SlurmError):
+    """Slurm answered, and does not know the job (finished and purged, or never existed)."""
+
+
 class RedisUnavailableError(StragglerError):
     """Redis could not be reached or answered with an error."""
 

@@ -93,11 +93,6 @@ def _blockers(
         reasons.append(f"already evicted {ctx.evictions} times (max {policy.actions.max_requeues})")
     if ctx.last_eviction_ts is not None and now - ctx.last_eviction_ts < policy.actions.cooldown_s:
         reasons.append(f"cooldown: last eviction {now - ctx.last_eviction_ts:.0f} s ago")
-    if event.slowdown_pct < policy.detection.min_slowdown_pct:
-        reasons.append(
-            f"estimated slowdown {event.slowdown_pct:.1f}% is below the policy's "
-            f"minimum of {policy.detection.min_slowdown_pct:g}%"
-        )
     needed = job.node_count + policy.safety.min_spare_nodes
     left = _usable_after_exclusion(job, node, cluster.nodes)
     if left < needed:
@@ -114,6 +109,33 @@ def _blockers(
     return reasons
 
 
+def minimum_slowdown_pct(event: StragglerEvent, policy: Policy) -> float:
+    """The smallest slowdown of this event's cause that counts: a compute slowdown of
+    ``min_slowdown_pct``, a data-loading excess of ``input_min_slowdown_pct``."""
+    detection = policy.detection
+    return (
+        detection.min_slowdown_pct if event.cause == "compute" else detection.input_min_slowdown_pct
+    )
+
+
+def is_slowdown(event: StragglerEvent, policy: Policy) -> bool:
+    """Slower than its peers by at least the policy's minimum. Anything else (a speed-up, a
+    slowdown too small to matter) never enters node history, an annotation or a decision."""
+    return event.slowdown_pct >= minimum_slowdown_pct(event, policy)
+
+
+def _not_acted_on(event: StragglerEvent, policy: Policy) -> str | None:
+    """Why an event leads to nothing at all (not even an annotation), or None."""
+    if policy.actions.mode == "off":
+        return "policy is off"
+    if not is_slowdown(event, policy):
+        return (
+            f"estimated slowdown {event.slowdown_pct:.1f}% is below the policy's "
+            f"minimum of {minimum_slowdown_pct(event, policy):g}%"
+        )
+    return None
+
+
 def decide(
     event: StragglerEvent,
     job: JobInfo,
@@ -124,8 +146,9 @@ def decide(
 ) -> Decision:
     """What to do about ``event`` on ``job`` under ``policy``."""
     node = event.node
-    if policy.actions.mode == "off":
-        return Decision("none", node, ["policy is off"])
+    ignored = _not_acted_on(event, policy)
+    if ignored is not None:
+        return Decision("none", node, [ignored])
     if event.cause != "compute":
         return Decision("annotate", node, ["input-bound (slow data loading): report only"])
     if node not in job.nodes:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import structlog
 
-from slurm_plugin.errors import CommandTimeoutError, SlurmError
+from slurm_plugin.errors import CommandTimeoutError, JobNotFoundError, SlurmError
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.model import JobInfo
@@ -177,7 +177,7 @@ class Executor:
             try:
                 job = self.slurm.job(job_id)
             except SlurmError as exc:
-                if "Invalid job id" in str(exc):
+                if isinstance(exc, JobNotFoundError):
                     self.state.save_decision(
                         decision_id, {"state": "failed", "error": f"recover: {exc}"}
                     )

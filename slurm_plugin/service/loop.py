@@ -22,7 +22,7 @@ import structlog
 from slurm_plugin.config import Settings
 from slurm_plugin.detection import Detector, Event, RecordBatch, StragglerEvent
 from slurm_plugin.errors import StragglerError
-from slurm_plugin.policy.decide import ClusterContext, JobContext, decide
+from slurm_plugin.policy.decide import ClusterContext, JobContext, decide, is_slowdown
 from slurm_plugin.policy.history import Incident, record_incident
 from slurm_plugin.policy.loader import (
     active_policies,
@@ -270,7 +270,8 @@ class Service:
             return {"id": decision_id, "action": "report", "kind": event.kind}
         gpus = [event.gpu] if event.scope == "gpu" and event.gpu is not None else []
         evidence, reported = gather_evidence(self.state, self.store, job.job_id, event.node, gpus)
-        self._remember(event, job, policy, nodes, now, corroborated=bool(evidence))
+        if is_slowdown(event, policy):  # speed-ups and small blips never enter node history
+            self._remember(event, job, policy, nodes, now, corroborated=bool(evidence))
         decision = decide(event, job, policy, self._context(job), self._cluster(nodes, now), now)
         record = {
             **base,

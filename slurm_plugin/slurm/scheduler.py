@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from slurm_plugin.config import Settings
-from slurm_plugin.errors import CommandError, SlurmError
+from slurm_plugin.errors import CommandError, JobNotFoundError, SlurmError
 from slurm_plugin.slurm.model import JobInfo, NodeInfo
 from slurm_plugin.slurm.parsers import collect_hostlist, parse_sinfo_json, parse_squeue_json
 from slurm_plugin.slurm.release import SlurmRelease, parse_version
@@ -97,14 +97,19 @@ class ScontrolScheduler:
 
     def job(self, job_id: str) -> JobInfo:
         job_id = check_job_id(job_id)
-        if self.slurm_release().scontrol_json:
-            listed = parse_squeue_json(self._run("scontrol", "--json", "show", "job", job_id))
-        else:  # 22.05: no scontrol --json, and squeue --json ignores -j: filter here
-            listed = self.jobs()
+        try:
+            if self.slurm_release().scontrol_json:
+                listed = parse_squeue_json(self._run("scontrol", "--json", "show", "job", job_id))
+            else:  # 22.05: no scontrol --json, and squeue --json ignores -j: filter here
+                listed = self.jobs()
+        except SlurmError as exc:
+            if "invalid job id" in str(exc).lower():
+                raise JobNotFoundError(f"job {job_id} is not known to Slurm ({exc})") from exc
+            raise
         for info in listed:
             if info.job_id == job_id:
                 return info
-        raise SlurmError(f"job {job_id} is not known to Slurm")
+        raise JobNotFoundError(f"job {job_id} is not known to Slurm")
 
     def nodes(self) -> list[NodeInfo]:
         return parse_sinfo_json(self._run("sinfo", "--json"))

@@ -11,7 +11,7 @@ import pytest
 
 from slurm_plugin.config import Settings
 from slurm_plugin.devcluster import DevCluster
-from slurm_plugin.errors import SlurmError, StragglerError
+from slurm_plugin.errors import JobNotFoundError, StragglerError
 from slurm_plugin.slurm.scheduler import Scheduler, ScontrolScheduler
 from tests.integration.conftest import Slurm, wait_for
 
@@ -66,7 +66,7 @@ def test_drain_resume_and_errors(scheduler: Scheduler, slurm: Slurm) -> None:
     wait_for(
         lambda: next(n for n in scheduler.nodes() if n.name == "node2").usable, 30, "node2 usable"
     )
-    with pytest.raises(SlurmError):
+    with pytest.raises(JobNotFoundError):
         scheduler.job("999999")
     with pytest.raises(StragglerError, match="invalid node name"):
         scheduler.drain("node2; reboot", "x")

@@ -10,7 +10,13 @@ import pytest
 
 from slurm_plugin.detection.events import StragglerEvent
 from slurm_plugin.errors import ConfigError
-from slurm_plugin.policy.decide import ClusterContext, Decision, JobContext, decide
+from slurm_plugin.policy.decide import (
+    ClusterContext,
+    Decision,
+    JobContext,
+    decide,
+    is_slowdown,
+)
 from slurm_plugin.policy.loader import (
     apply_job_overrides,
     load_policies,
@@ -119,7 +125,6 @@ def test_goodput_rule_refuses_when_little_time_is_left() -> None:
         ({"cluster": ClusterContext(nodes=NODES, evictions_last_hour=10)}, "budget spent"),
         ({"cluster": ClusterContext(nodes=NODES, paused=True)}, "paused"),
         ({"cluster": ClusterContext(nodes=NODES, breaker_open=True)}, "circuit breaker"),
-        ({"event": _event(slowdown=2.0)}, "below the policy's minimum of 3%"),
     ],
 )
 def test_rails_block_eviction(kwargs: dict[str, object], reason: str) -> None:
@@ -127,6 +132,25 @@ def test_rails_block_eviction(kwargs: dict[str, object], reason: str) -> None:
     d = _decide(**kwargs)  # type: ignore[arg-type]
     assert d.action == "annotate"
     assert any(reason in r for r in d.reasons), d.reasons
+
+
+@pytest.mark.parametrize(
+    ("slowdown", "cause", "minimum"),
+    [(2.0, "compute", "3"), (-5.0, "compute", "3"), (-14.0, "compute", "3"), (5.0, "input", "10")],
+)
+def test_speed_ups_and_small_slowdowns_are_no_incident(
+    slowdown: float, cause: str, minimum: str
+) -> None:
+    """Issue 13 item 7: a rank faster than its peers (a negative "slowdown") or slower by less
+    than the policy's minimum is neither evicted nor annotated ("+-5.0%") nor an incident."""
+    event = _event(slowdown=slowdown, cause=cause)
+    d = _decide(event=event)
+    assert d.action == "none"
+    assert d.reasons == [
+        f"estimated slowdown {slowdown:.1f}% is below the policy's minimum of {minimum}%"
+    ]
+    assert not is_slowdown(event, POLICIES["evict"])
+    assert is_slowdown(_event(slowdown=3.0), POLICIES["evict"])
 
 
 def test_input_cause_is_never_evicted_and_off_does_nothing() -> None:

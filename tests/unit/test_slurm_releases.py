@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm_plugin.config import Settings
-from slurm_plugin.errors import CommandError, SlurmError
+from slurm_plugin.errors import CommandError, JobNotFoundError, SlurmError
 from slurm_plugin.slurm.model import JobInfo
 from slurm_plugin.slurm.parsers import parse_sinfo_json, parse_squeue_json
 from slurm_plugin.slurm.release import SlurmRelease, parse_version, release_of_meta
@@ -211,7 +211,7 @@ def test_real_submit_line_injection_of_26_05() -> None:
 def test_unknown_job_is_an_error_not_a_guess() -> None:
     """A job Slurm does not list is a SlurmError (22.05 filters squeue's list in code)."""
     document, line = _held("22.05")
-    with pytest.raises(SlurmError, match="not known"):
+    with pytest.raises(JobNotFoundError, match="not known"):
         _job_via_scheduler(CannedSlurm("22.05", document, line), "4242")
 
 
@@ -257,3 +257,22 @@ def test_job_controlled_text_never_changes_parsed_state(
                "partition", "node_count", "user", "priority", "held")  # fmt: skip
     assert {k: getattr(seen, k) for k in trusted} == {k: getattr(expected, k) for k in trusted}
     assert (seen.name, seen.comment) == (name, comment)
+
+
+def test_invalid_job_id_of_scontrol_json_is_job_not_found() -> None:
+    """24.11+: `scontrol --json show job` refusing the id is "not found", not "Slurm away"
+    (recover() closes the decision of a vanished job instead of retrying forever)."""
+
+    class Refusing(CannedSlurm):
+        def __call__(self, argv: Sequence[str], **kw: object) -> CommandResult:
+            if "--json" in argv and argv[0].endswith("scontrol"):
+                raise CommandError(argv, "exit 1: slurm_load_jobs error: Invalid job id specified")
+            return super().__call__(argv, **kw)
+
+    document, line = _held("24.11")
+    with pytest.raises(JobNotFoundError, match="Invalid job id"):
+        _job_via_scheduler(Refusing("24.11", document, line), "7")
+    away = CannedSlurm("24.11", {"jobs": [], "errors": [{"error": "connect failure"}]}, line)
+    with pytest.raises(SlurmError, match="connect failure") as caught:
+        _job_via_scheduler(away, "7")
+    assert not isinstance(caught.value, JobNotFoundError)
