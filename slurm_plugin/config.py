@@ -87,6 +87,13 @@ class Settings(BaseSettings):
     service_interval_s: float = Field(
         default=2.0, gt=0, description="Seconds between service cycles."
     )
+    decision_retention_s: float = Field(
+        default=90 * 24 * 3600.0,
+        ge=3600,
+        le=10 * 365 * 24 * 3600.0,
+        description="How long a decision (and a job's index of its decisions) is kept after its "
+        "last change, seconds; the audit stream keeps its own last 100,000 entries.",
+    )
     action_grace_s: float = Field(
         default=60.0,
         gt=0,

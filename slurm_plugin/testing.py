@@ -3,6 +3,10 @@
 ``FakeNvml`` implements the subset of the pynvml module that :class:`~slurm_plugin.health.gpu.
 NvmlProbe` calls, so the probe's real decoding runs against it. Set attributes of a
 :class:`FakeGpu` to inject faults (throttling, ECC errors, XIDs).
+
+``FakeScheduler`` is the :class:`~slurm_plugin.slurm.scheduler.Scheduler` seam for unit tests of
+the control loop: scripted jobs and nodes, every call recorded, failures injectable; with
+``FakeClock`` the rails can be tested rail by rail without a cluster.
 """
 
 from __future__ import annotations
@@ -10,10 +14,14 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from slurm_plugin.errors import JobNotFoundError
+from slurm_plugin.slurm.model import JobInfo, NodeInfo
 
 
 class FakeNvmlError(Exception):
@@ -225,3 +233,111 @@ def build_ib_tree(
             (port / "counters" / name).write_text(f"{(counters or {}).get(name, 0)}\n")
         ports.append(port)
     return ports
+
+
+class FakeClock:
+    """A clock that moves only when told (``clock()`` -> now; ``advance(s)``)."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward."""
+        self.now += seconds
+
+
+#: The Scheduler calls that change something in Slurm (everything else only reads).
+CHANGING_CALLS = frozenset(
+    {"requeue_hold", "set_excluded", "release", "annotate", "drain", "resume"}
+)
+
+
+class FakeScheduler:
+    """A Slurm that keeps its jobs and nodes in memory and behaves like the real one where the
+    service depends on it: requeuehold holds (priority 0, restarts + 1, no nodes), release runs
+    the job again on usable nodes it does not exclude, RESUME keeps the Reason (as 24.11 does).
+    ``fail[name] = exc`` makes a call raise; ``calls`` lists every call with its arguments."""
+
+    def __init__(self, jobs: Sequence[JobInfo] = (), nodes: Sequence[NodeInfo] = ()) -> None:
+        self.job_table: dict[str, JobInfo] = {j.job_id: j for j in jobs}
+        self.node_table: dict[str, NodeInfo] = {n.name: n for n in nodes}
+        self.calls: list[tuple[str, ...]] = []
+        self.fail: dict[str, Exception] = {}
+
+    @property
+    def changes(self) -> list[tuple[str, ...]]:
+        """The calls that changed something in Slurm."""
+        return [c for c in self.calls if c[0] in CHANGING_CALLS]
+
+    def _call(self, name: str, *args: str) -> None:
+        self.calls.append((name, *args))
+        if name in self.fail:
+            raise self.fail[name]
+
+    def _get(self, job_id: str) -> JobInfo:
+        if job_id not in self.job_table:
+            raise JobNotFoundError(f"job {job_id} is not known to Slurm")
+        return self.job_table[job_id]
+
+    def jobs(self) -> list[JobInfo]:
+        self._call("jobs")
+        return list(self.job_table.values())
+
+    def job(self, job_id: str) -> JobInfo:
+        self._call("job", job_id)
+        return self._get(job_id)
+
+    def nodes(self) -> list[NodeInfo]:
+        self._call("nodes")
+        return list(self.node_table.values())
+
+    def requeue_hold(self, job_id: str) -> None:
+        self._call("requeue_hold", job_id)
+        job = self._get(job_id)
+        self.job_table[job_id] = replace(
+            job,
+            state="PENDING",
+            reason="JobHeldUser",
+            priority=0,
+            nodes=(),
+            restarts=job.restarts + 1,
+        )
+
+    def set_excluded(self, job_id: str, nodes: Sequence[str]) -> None:
+        self._call("set_excluded", job_id, ",".join(nodes))
+        self.job_table[job_id] = replace(self._get(job_id), excluded=tuple(nodes))
+
+    def release(self, job_id: str) -> None:
+        self._call("release", job_id)
+        job = self._get(job_id)
+        if not job.held:
+            return
+        free = [
+            n.name
+            for n in self.node_table.values()
+            if n.usable and n.name not in job.excluded and job.partition in n.partitions
+        ]
+        if len(free) < job.node_count:
+            self.job_table[job_id] = replace(job, reason="Resources", priority=1)
+            return
+        self.job_table[job_id] = replace(
+            job, state="RUNNING", reason="None", priority=1, nodes=tuple(free[: job.node_count])
+        )
+
+    def annotate(self, job_id: str, text: str) -> None:
+        self._call("annotate", job_id, text)
+        self.job_table[job_id] = replace(self._get(job_id), admin_comment=text)
+
+    def drain(self, node: str, reason: str) -> None:
+        self._call("drain", node, reason)
+        info = self.node_table[node]
+        flags = tuple(dict.fromkeys((*info.flags, "DRAIN")))
+        self.node_table[node] = replace(info, flags=flags, reason=reason)
+
+    def resume(self, node: str) -> None:
+        self._call("resume", node)
+        info = self.node_table[node]
+        self.node_table[node] = replace(info, flags=(), state="idle")

@@ -25,6 +25,7 @@ from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.slurm import marks
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+_AUDIT_ID = re.compile(r"\d{1,20}-\d{1,20}")
 
 
 def parse_duration(text: str) -> float:
@@ -320,7 +321,7 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
                 round(float(np.percentile(values, 95)) * 1000, 1) if len(values) else None
             )
         rows.append(row)
-    decisions = state.audit(job_id=job_id)
+    decisions = state.job_decisions(job_id)
     ignored = {
         k.removeprefix("ignored_"): int(v)
         for k, v in state.job(job_id).items()
@@ -372,15 +373,32 @@ def resume(settings: Settings) -> None:
 @click.command("audit")
 @click.option("--job", "job_id", help="Only this job.")
 @click.option("--since", default="1d", show_default=True, help="How far back (1h, 2d).")
+@click.option(
+    "--limit", default=1000, show_default=True, type=click.IntRange(1, 100_000), help="Page size."
+)
+@click.option("--after", help="Start after this audit_id (the last one of the previous page).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def audit(settings: Settings, job_id: str | None, since: str, as_json: bool) -> None:
-    """Every decision and state change."""
+def audit(
+    settings: Settings,
+    job_id: str | None,
+    since: str,
+    limit: int,
+    after: str | None,
+    as_json: bool,
+) -> None:
+    """Every decision and state change, oldest first, one page at a time."""
+    if after is not None and not _AUDIT_ID.fullmatch(after):
+        raise click.BadParameter("an audit_id looks like 1796050707123-0", param_hint="--after")
     _, state, _ = build(settings)
-    entries = state.audit(time.time() - parse_duration(since), job_id)
+    entries = state.audit(time.time() - parse_duration(since), job_id, limit, after=after)
     emit_rows(
-        entries, ["id", "state", "action", "job_id", "node", "decision", "reasons"], as_json=as_json
+        entries,
+        ["audit_id", "id", "state", "action", "job_id", "node", "decision", "reasons"],
+        as_json=as_json,
     )
+    if len(entries) == limit and not as_json:
+        click.echo(f"(more: --after {entries[-1]['audit_id']})", err=True)
 
 
 @click.command("status")

@@ -22,9 +22,16 @@ OPEN_STATES = {"planned", "held", "excluded", "released", "waiting"}
 class ServiceState:
     """Redis-backed state; the client must decode responses to text."""
 
-    def __init__(self, client: RedisClient, clock: Any = time.time) -> None:
+    def __init__(
+        self,
+        client: RedisClient,
+        clock: Any = time.time,
+        *,
+        retention_s: float = 90 * 24 * 3600.0,
+    ) -> None:
         self.r = client
         self.clock = clock
+        self.retention_s = int(retention_s)
 
     # -- decisions and audit -----------------------------------------------------------------
     def save_decision(self, decision_id: str, fields: dict[str, Any]) -> None:
@@ -45,9 +52,18 @@ class ServiceState:
             for name, value in zip(("job_id", "node"), known, strict=True):
                 if value is not None:
                     flat.setdefault(name, value)
+        state = fields.get("state")
+        if state == "held":
+            flat.setdefault("held_ts", f"{now:.3f}")
         pipe = self.r.pipeline(transaction=False)
         pipe.hset(keys.decision(decision_id), mapping=cast("dict[Any, Any]", flat))
-        state = fields.get("state")
+        pipe.expire(keys.decision(decision_id), self.retention_s)
+        if "job_id" in flat:
+            pipe.sadd(keys.job_decisions(flat["job_id"]), decision_id)
+            pipe.expire(keys.job_decisions(flat["job_id"]), self.retention_s)
+        if state == "held":  # the job was requeued: one eviction for the hourly budget
+            pipe.zadd(keys.EVICTIONS, {decision_id: now})
+            pipe.zremrangebyscore(keys.EVICTIONS, "-inf", now - keys.EVICTIONS_KEEP_S)
         if state in OPEN_STATES:
             pipe.sadd(keys.DECISIONS_OPEN, decision_id)
         elif state is not None:
@@ -71,31 +87,50 @@ class ServiceState:
         return [{"id": i, **self.decision(i)} for i in ids]
 
     def audit(
-        self, since: float = 0.0, job_id: str | None = None, count: int = 1000
+        self,
+        since: float = 0.0,
+        job_id: str | None = None,
+        count: int = 1000,
+        *,
+        after: str | None = None,
     ) -> list[dict[str, str]]:
-        """Audit entries (every state change), oldest first."""
-        entries = cast(
-            "list[tuple[str, dict[str, str]]]",
-            self.r.xrange(keys.DECISIONS, min=f"{int(since * 1000)}-0", count=count),
-        )
-        out = [fields for _, fields in entries]
-        return [e for e in out if job_id is None or e.get("job_id") == job_id]
+        """Up to ``count`` audit entries (every state change), oldest first, from ``since`` or
+        after the entry ``after`` (each entry's ``audit_id``: pass the last one to page on).
+        Reads the stream in pages, so a job's entries are found however many others came
+        first, in bounded memory."""
+        out: list[dict[str, str]] = []
+        start = f"({after}" if after else f"{int(since * 1000)}-0"
+        while len(out) < count:
+            page = cast(
+                "list[tuple[str, dict[str, str]]]",
+                self.r.xrange(keys.DECISIONS, min=start, count=1000),
+            )
+            for entry_id, fields in page:
+                if job_id is None or fields.get("job_id") == job_id:
+                    out.append({"audit_id": entry_id, **fields})
+                    if len(out) == count:
+                        break
+            if len(page) < 1000:
+                break
+            start = f"({page[-1][0]}"
+        return out
 
     def job_decisions(self, job_id: str) -> list[dict[str, str]]:
-        """A job's decisions, each with its latest fields merged from the audit trail and
-        ``held_ts`` (when the job was requeued), ordered by detection time."""
-        merged: dict[str, dict[str, str]] = {}
-        for entry in self.audit(job_id=job_id):
-            merged.setdefault(entry["id"], {}).update(entry)
-            if entry.get("state") == "held":
-                merged[entry["id"]]["held_ts"] = entry.get("updated_at", "")
+        """A job's decisions with their latest fields (``held_ts``: when the job was requeued),
+        ordered by detection time; decisions past their retention are gone."""
+        ids = sorted(cast("set[str]", self.r.smembers(keys.job_decisions(job_id))))
+        pipe = self.r.pipeline(transaction=False)
+        for decision_id in ids:
+            pipe.hgetall(keys.decision(decision_id))
+        found = zip(ids, cast("list[dict[str, str]]", pipe.execute()), strict=True)
+        decisions = [{"id": i, **fields} for i, fields in found if fields]
         return sorted(
-            merged.values(), key=lambda d: float(d.get("detected_ts") or d.get("updated_at") or 0)
+            decisions, key=lambda d: float(d.get("detected_ts") or d.get("updated_at") or 0)
         )
 
     def evictions_since(self, since: float) -> int:
-        """Evictions started since ``since`` (for the hourly budget)."""
-        return sum(1 for e in self.audit(since) if e.get("state") == "held")
+        """Evictions (jobs requeue-held by us) since ``since``, for the hourly budget."""
+        return int(self.r.zcount(keys.EVICTIONS, since, "+inf"))
 
     # -- per-job state -------------------------------------------------------------------------
     def job(self, job_id: str) -> dict[str, str]:

@@ -107,6 +107,11 @@ def job_service(job_id: str) -> str:
     return _job(job_id, "service")
 
 
+def job_decisions(job_id: str) -> str:
+    """Set: the ids of a job's decisions (``job show``, ``job_decisions``)."""
+    return _job(job_id, "decisions")
+
+
 def node(name: str) -> str:
     """Hash: a node's history and last check result."""
     return f"{PREFIX}node:{check_node(name)}"
@@ -128,6 +133,10 @@ def decision(decision_id: str) -> str:
 
 DECISIONS = f"{PREFIX}decisions"
 DECISIONS_OPEN = f"{PREFIX}decisions:open"
+#: Sorted set: decision id -> when its job was requeue-held (the hourly eviction budget).
+EVICTIONS = f"{PREFIX}evictions"
+#: Evictions older than this leave EVICTIONS (the budget looks one hour back).
+EVICTIONS_KEEP_S = 7 * 24 * 3600
 BREAKER = f"{PREFIX}breaker"
 SERVICE_JOBS = f"{PREFIX}service:jobs"
 PAUSE = f"{PREFIX}pause"

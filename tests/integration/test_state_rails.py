@@ -1,0 +1,63 @@
+"""The service's counters in Redis that the rails read: exact however long the audit grows
+(a private redis-server; no cluster)."""
+
+from __future__ import annotations
+
+import redis
+
+from slurm_plugin.service.state import ServiceState
+from slurm_plugin.telemetry import keys
+from slurm_plugin.testing import FakeClock
+from tests.integration.conftest import RedisServer
+
+
+def _state(server: RedisServer, clock: FakeClock, retention_s: float = 86400) -> ServiceState:
+    return ServiceState(
+        redis.Redis.from_url(server.url, decode_responses=True), clock, retention_s=retention_s
+    )
+
+
+def test_budget_and_job_decisions_count_past_the_first_thousand_entries(
+    private_redis: RedisServer,
+) -> None:
+    """Issue 13 item 2, reproduced: 1,200 annotations, then 12 evictions. The hourly budget
+    counts 12 (it counted 0 when it read only the first 1,000 audit entries), a job's decisions
+    are all found, and the audit pages through everything."""
+    clock = FakeClock()
+    state = _state(private_redis, clock)
+    for i in range(1200):
+        state.save_decision(f"d-a{i:011d}", {"job_id": "7", "state": "recorded", "node": "n1"})
+    for i in range(12):
+        decision_id = f"d-e{i:011d}"
+        state.save_decision(decision_id, {"job_id": "8", "node": "n2", "state": "planned"})
+        state.save_decision(decision_id, {"state": "held"})
+        state.save_decision(decision_id, {"state": "verified"})
+        clock.advance(1)
+    assert state.evictions_since(clock() - 3600) == 12
+    assert state.evictions_since(clock() - 5) == 5
+    decisions = state.job_decisions("8")
+    assert [d["id"] for d in decisions] == [f"d-e{i:011d}" for i in range(12)]
+    assert all(d["state"] == "verified" and d["held_ts"] for d in decisions)
+    assert len(state.job_decisions("7")) == 1200
+
+    found = state.audit(job_id="8", count=100)
+    assert len(found) == 36  # three state changes per eviction, after 1,200 other entries
+    first = state.audit(count=1000)
+    rest = state.audit(count=1000, after=first[-1]["audit_id"])
+    assert len(first) + len(rest) == 1236
+    assert {e["audit_id"] for e in first}.isdisjoint(e["audit_id"] for e in rest)
+
+
+def test_decisions_expire_after_the_retention(private_redis: RedisServer) -> None:
+    """Decision hashes and a job's index carry the retention as TTL (they used to live
+    forever); evictions older than a week leave the budget's set."""
+    clock = FakeClock()
+    state = _state(private_redis, clock, retention_s=7200)
+    state.save_decision("d-000000000001", {"job_id": "9", "state": "held", "node": "n1"})
+    client = redis.Redis.from_url(private_redis.url)
+    assert 0 < client.ttl(keys.decision("d-000000000001")) <= 7200
+    assert 0 < client.ttl(keys.job_decisions("9")) <= 7200
+    clock.advance(keys.EVICTIONS_KEEP_S + 1)
+    state.save_decision("d-000000000002", {"job_id": "9", "state": "held", "node": "n1"})
+    assert client.zcard(keys.EVICTIONS) == 1
+    assert state.evictions_since(0) == 1
