@@ -49,6 +49,10 @@ class JobNotFoundError(SlurmError):
     """Slurm answered, and does not know the job (finished and purged, or never existed)."""
 
 
+class NotLeaderError(StragglerError):
+    """This service instance no longer holds the leader lock: it must not act on Slurm."""
+
+
 class RedisUnavailableError(StragglerError):
     """Redis could not be reached or answered with an error."""
 

@@ -41,6 +41,7 @@ class Executor:
         unknown_grace_s: float = 60.0,
         max_hold_s: float = 120.0,
         sleep: Callable[[float], None] = time.sleep,
+        step_budget_s: float | None = None,
     ) -> None:
         self.slurm = scheduler
         self.state = state
@@ -49,6 +50,9 @@ class Executor:
         self.unknown_grace_s = unknown_grace_s
         self.max_hold_s = max_hold_s
         self.sleep = sleep
+        #: The longest one call waits for verification (real seconds); past it the decision
+        #: stays "released" and the next cycle's recover() verifies on.
+        self.step_budget_s = verify_timeout_s if step_budget_s is None else step_budget_s
 
     # -- eviction -------------------------------------------------------------------------------
     def evict(
@@ -124,14 +128,22 @@ class Executor:
             self.state.save_decision(decision_id, {"error": f"release: {exc} (retrying)"})
             log.warning("executor.release_failed", decision_id=decision_id, error=str(exc))
             return "pending"
-        self.state.save_decision(decision_id, {"state": "released"})
+        released_at = self.clock()
+        self.state.save_decision(
+            decision_id, {"state": "released", "released_at": f"{released_at:.3f}"}
+        )
         if error:
             self.state.save_decision(decision_id, {"state": "failed", "error": error})
             return "failed"
-        return self._verify(decision_id, job_id, node, restarts_before)
+        return self._verify(decision_id, job_id, node, restarts_before, released_at)
 
-    def _verify(self, decision_id: str, job_id: str, node: str, restarts_before: int) -> str:
-        deadline = self.clock() + self.verify_timeout_s
+    def _verify(
+        self, decision_id: str, job_id: str, node: str, restarts_before: int, released_at: float
+    ) -> str:
+        """Released -> verified once Slurm shows the job running again without ``node``;
+        failed when it does not within ``verify_timeout_s`` of the release."""
+        deadline = released_at + self.verify_timeout_s
+        budget_end = time.monotonic() + self.step_budget_s
         detail = "no answer"
         while True:
             answered = False
@@ -162,6 +174,8 @@ class Executor:
                     decision_id, {"state": "failed", "error": f"verify: {detail}"}
                 )
                 return "failed"
+            if time.monotonic() >= budget_end:  # go on next cycle, from that cycle's answer
+                return "pending"
             self.sleep(0.5)
 
     def recover(self) -> list[str]:
@@ -196,7 +210,7 @@ class Executor:
                 )
                 self.state.uncount_eviction(job_id)
             elif state == "released":
-                self._verify(decision_id, job_id, node, before)
+                self._verify(decision_id, job_id, node, before, _float(rec.get("released_at"), now))
             else:  # planned (held by us), held or excluded
                 if state == "planned":  # our requeuehold landed after all: held from now on
                     held_at = now

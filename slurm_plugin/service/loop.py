@@ -32,6 +32,7 @@ from slurm_plugin.policy.loader import (
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.service.evidence import EvidenceFilter, gather_evidence
 from slurm_plugin.service.executor import Executor
+from slurm_plugin.service.fence import FencedScheduler
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
@@ -75,17 +76,26 @@ class Service:
         clock: Callable[[], float] = time.time,
         instance: str | None = None,
         metrics: Metrics | None = None,
+        lock_ttl_s: float | None = None,
     ) -> None:
         self.settings = settings
-        self.slurm = scheduler
         self.state = state
         self.store = store
         self.dry_run = dry_run
         self.clock = clock
         self.instance = instance or f"{socket.gethostname()}:{os.getpid()}"
         self.metrics = metrics or Metrics()
+        self.lock_ttl_s = lock_ttl_s or max(10.0, 5 * settings.service_interval_s)
+        # Every Slurm-changing call confirms the lock first (the fence), and no step of a cycle
+        # waits on Slurm for more than a quarter of the lock's life (verification goes on in
+        # the next cycle), so a stalled instance cannot act next to the new leader.
+        self.slurm = FencedScheduler(scheduler, lambda: self.state.leads(self.instance))
         self.executor = Executor(
-            scheduler, state, clock=clock, unknown_grace_s=settings.action_grace_s
+            self.slurm,
+            state,
+            clock=clock,
+            unknown_grace_s=settings.action_grace_s,
+            step_budget_s=self.lock_ttl_s / 4,
         )
         self.policies: dict[str, Policy] = {}
         self._detectors: dict[str, Detector] = {}
@@ -144,9 +154,7 @@ class Service:
 
     def _cycle(self, report: CycleReport) -> None:
         now = self.clock()
-        report.leader = self.state.lead(
-            self.instance, ttl_s=max(10.0, 5 * self.settings.service_interval_s)
-        )
+        report.leader = self.state.lead(self.instance, ttl_s=self.lock_ttl_s)
         if not report.leader:
             return
         self.reload_policies()

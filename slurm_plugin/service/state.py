@@ -17,6 +17,25 @@ from slurm_plugin.telemetry.store import RedisClient
 
 log = structlog.get_logger(__name__)
 OPEN_STATES = {"planned", "held", "excluded", "released", "waiting"}
+#: A decision's states in the order they happen: a write that would move a decision back (an
+#: instance that lost the lead while Slurm was slow, writing what it saw before) is dropped.
+_STATE_ORDER = {
+    "waiting": 0,
+    "planned": 0,
+    "held": 1,
+    "excluded": 2,
+    "released": 3,
+    "verified": 4,
+    "failed": 4,
+    "abandoned": 4,
+    "recorded": 4,
+}
+_EXTEND_IF_OWNER = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
 
 
 class ServiceState:
@@ -35,8 +54,15 @@ class ServiceState:
 
     # -- decisions and audit -----------------------------------------------------------------
     def save_decision(self, decision_id: str, fields: dict[str, Any]) -> None:
-        """Create or update a decision; every change is appended to the audit stream."""
+        """Create or update a decision; every change is appended to the audit stream. A state
+        never moves back (``held`` after ``verified`` is dropped, with a warning)."""
         now = self.clock()
+        state = fields.get("state")
+        if state is not None:
+            current = cast("str | None", self.r.hget(keys.decision(decision_id), "state"))
+            if _STATE_ORDER.get(str(state), 0) < _STATE_ORDER.get(current or "", 0):
+                log.warning("state.stale_write", decision_id=decision_id, state=state, was=current)
+                return
         flat = {
             k: json.dumps(v) if isinstance(v, list | dict) else str(v)
             for k, v in fields.items()
@@ -52,7 +78,6 @@ class ServiceState:
             for name, value in zip(("job_id", "node"), known, strict=True):
                 if value is not None:
                     flat.setdefault(name, value)
-        state = fields.get("state")
         if state == "held":
             flat.setdefault("held_ts", f"{now:.3f}")
         pipe = self.r.pipeline(transaction=False)
@@ -253,13 +278,16 @@ class ServiceState:
 
     # -- leadership --------------------------------------------------------------------------
     def lead(self, instance: str, ttl_s: float) -> bool:
-        """Take or keep the leader lock; True when ``instance`` leads."""
-        if self.r.set(keys.LEADER, instance, nx=True, px=int(ttl_s * 1000)):
+        """Take or keep the leader lock; True when ``instance`` leads. Keeping it is one atomic
+        step (extend only while the lock still names us), so two instances never both lead."""
+        ttl_ms = max(1, int(ttl_s * 1000))
+        if self.r.set(keys.LEADER, instance, nx=True, px=ttl_ms):
             return True
-        if self.r.get(keys.LEADER) == instance:
-            self.r.pexpire(keys.LEADER, int(ttl_s * 1000))
-            return True
-        return False
+        return bool(self.r.eval(_EXTEND_IF_OWNER, 1, keys.LEADER, instance, ttl_ms))
+
+    def leads(self, instance: str) -> bool:
+        """The fence before every Slurm action: the lock still names ``instance``."""
+        return bool(self.r.get(keys.LEADER) == instance)
 
     def heartbeat(self, instance: str, info: dict[str, Any]) -> None:
         """Say we are alive (read by `straggler status`)."""
