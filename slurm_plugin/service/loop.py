@@ -7,7 +7,6 @@ context and the next one runs anyway.
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import threading
@@ -20,20 +19,22 @@ import redis
 import structlog
 
 from slurm_plugin.config import Settings
-from slurm_plugin.detection import Detector, Event, RecordBatch, StragglerEvent
+from slurm_plugin.detection import Detector, Event, StragglerEvent
+from slurm_plugin.detection.recheck import recent_slowdown_pct
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.policy.decide import ClusterContext, JobContext, decide, is_slowdown
-from slurm_plugin.policy.history import Incident, record_incident
 from slurm_plugin.policy.loader import (
     active_policies,
     apply_job_overrides,
     policy_from_comment,
 )
 from slurm_plugin.policy.schema import Policy
-from slurm_plugin.service.evidence import EvidenceFilter, gather_evidence
+from slurm_plugin.service.evidence import gather_evidence
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.fence import FencedScheduler
+from slurm_plugin.service.ingest import Ingest
 from slurm_plugin.service.metrics import Metrics
+from slurm_plugin.service.node_rails import NodeRails
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.model import JobInfo, NodeInfo
@@ -42,9 +43,6 @@ from slurm_plugin.telemetry import credentials
 from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)
-#: Steps entries read per job per cycle: bounds one cycle after a backlog (a restart) while a
-#: 16k-rank job at 1 step/s (32k entries per 2 s cycle) keeps up with room to spare.
-_MAX_ENTRIES_PER_JOB = 100_000
 
 
 @dataclass
@@ -99,10 +97,10 @@ class Service:
         )
         self.policies: dict[str, Policy] = {}
         self._detectors: dict[str, Detector] = {}
-        self._evidence = EvidenceFilter()
+        self._ingest = Ingest(state, store, self.metrics)
         self._last_sweep = 0.0
         self._job_policy: dict[str, str] = {}
-        self._flagged: list[tuple[float, str]] = []
+        self._history = NodeRails(state, self.executor, dry_run=dry_run)
 
     # -- policies ---------------------------------------------------------------------------
     def reload_policies(self) -> None:
@@ -168,15 +166,18 @@ class Service:
         for job_id in list(self._job_policy):
             if job_id not in running:
                 self._detectors[self._job_policy.pop(job_id)].forget(job_id)
-        self._evidence.forget_all_but(running)
+        self._ingest.evidence.forget_all_but(running)
         for job in running.values():
             policy = self.policy_for(job)
             if policy.actions.mode == "off":
                 continue
             self._job_policy[job.job_id] = policy.name
             detector = self._detectors.setdefault(policy.name, Detector(policy.detection.params()))
-            self._ingest(job, detector, report)
-            self._read_events(job)
+            kept, ignored = self._ingest.steps(job, detector)
+            report.records += kept.records
+            report.ranks += kept.ranks
+            report.ignored_records += ignored
+            self._ingest.events(job)
         report.jobs = len(self._job_policy)
         events: list[Event] = []
         for detector in self._detectors.values():
@@ -195,39 +196,6 @@ class Service:
         self.state.heartbeat(
             self.instance, {"jobs": report.jobs, "ranks": report.ranks, "records": report.records}
         )
-
-    def _ingest(self, job: JobInfo, detector: Detector, report: CycleReport) -> None:
-        js = self.state.job(job.job_id)
-        cursor = js.get("steps_cursor", "0-0")
-        records = []
-        for _ in range(_MAX_ENTRIES_PER_JOB // 1000):
-            page = self.store.read_steps(job.job_id, cursor, count=1000)
-            records += page.records
-            if page.last_id == cursor:
-                break
-            cursor = page.last_id
-        kept, dropped = self._evidence.filter(job, records)
-        self.state.update_job(job.job_id, steps_cursor=cursor)
-        if dropped:
-            self.state.count_ignored(job.job_id, dropped)
-            for reason, count in dropped.items():
-                self.metrics.ignored.labels(reason=reason).inc(count)
-            log.warning("service.records_ignored", job_id=job.job_id, **dropped)
-        report.ignored_records += len(records) - len(kept)
-        report.records += len(kept)
-        report.ranks += len({r.rank for r in kept})
-        if kept:
-            detector.add(job.job_id, RecordBatch.from_records(kept))
-
-    def _read_events(self, job: JobInfo) -> None:
-        cursor = self.state.job(job.job_id).get("events_cursor", "0-0")
-        events, cursor = self.store.read_events(job.job_id, cursor)
-        update: dict[str, Any] = {"events_cursor": cursor}
-        ends = [e["ts"] for e in events if e.get("name") == "checkpoint_end"]
-        checkpoints = [t for t in ends if isinstance(t, int | float) and math.isfinite(t)]
-        if checkpoints:  # a forged or broken ts is ignored, never fatal to the cycle
-            update.update(last_checkpoint_ts=f"{max(checkpoints):.3f}", reports_checkpoints="1")
-        self.state.update_job(job.job_id, **update)
 
     # -- decisions ----------------------------------------------------------------------------
     def _context(self, job: JobInfo) -> JobContext:
@@ -279,7 +247,7 @@ class Service:
         gpus = [event.gpu] if event.scope == "gpu" and event.gpu is not None else []
         evidence, reported = gather_evidence(self.state, self.store, job.job_id, event.node, gpus)
         if is_slowdown(event, policy):  # speed-ups and small blips never enter node history
-            self._remember(event, job, policy, nodes, now, corroborated=bool(evidence))
+            self._history.remember(event, job, policy, nodes, now, corroborated=bool(evidence))
         decision = decide(event, job, policy, self._context(job), self._cluster(nodes, now), now)
         record = {
             **base,
@@ -312,19 +280,20 @@ class Service:
         if decision.action == "evict" and self._evicting(job.job_id):
             decision = replace(decision, action="none", reasons=["an eviction is in progress"])
         if decision.action == "evict":
+            recovered = self._recovered(job, event.node, policy)
+            if recovered:
+                decision = replace(decision, action="none", reasons=[recovered])
+                record.update(decision="none", reasons=decision.reasons)
+        if decision.action == "evict":
+            self._close_waiting(job, f"superseded by {decision_id}")
             self._annotate(job, mark, policy)
-            # Counted before acting: a crash mid-eviction must not allow one more than the max.
-            self.state.update_job(
-                job.job_id,
-                evictions=self._context(job).evictions + 1,
-                last_eviction_ts=f"{now:.3f}",
-                waiting="",
-            )
-            outcome = self.executor.evict(decision_id, job, event.node, record)
-            self.metrics.actions.labels(action="evict", outcome=outcome).inc()
+            outcome = self._evict(decision_id, job, event.node, record, now)
             self.metrics.decision_seconds.observe(max(0.0, self.clock() - event.ts))
             return {"id": decision_id, "action": "evict", "outcome": outcome}
         if decision.action == "wait":
+            waiting = self._waiting(job)
+            if waiting:  # one waiting decision per job; its clock (max_wait_s) is not reset
+                return {"id": waiting, "action": "wait", "reasons": ["still waiting"]}
             self.state.save_decision(decision_id, {**record, "state": "waiting"})
             self.state.update_job(job.job_id, waiting=decision_id, waiting_since=f"{now:.3f}")
             return {"id": decision_id, "action": "wait"}
@@ -354,11 +323,60 @@ class Service:
             for d in self.state.open_decisions()
         )
 
+    def _waiting(self, job: JobInfo) -> str | None:
+        """The job's open waiting decision, if any."""
+        decision_id = self.state.job(job.job_id).get("waiting")
+        if decision_id and self.state.decision(decision_id).get("state") == "waiting":
+            return decision_id
+        return None
+
+    def _close_waiting(self, job: JobInfo, why: str) -> None:
+        """End the job's waiting decision (never left open)."""
+        waiting = self._waiting(job)
+        if waiting:
+            self.state.save_decision(
+                waiting, {"state": "recorded", "decision": "none", "note": why}
+            )
+        self.state.update_job(job.job_id, waiting="", waiting_since="")
+
+    def _recovered(self, job: JobInfo, node: str, policy: Policy) -> str | None:
+        """Why ``node`` no longer needs evicting (its newest steps are not slower than its
+        peers by the policy's minimum, or show nothing), or None when it is still slow."""
+        records = [
+            r
+            for r in self.store.latest_steps(job.job_id)
+            if r.node in job.nodes and r.attempt == job.restarts
+        ]
+        slowdown = recent_slowdown_pct(records, node)
+        minimum = policy.detection.min_slowdown_pct
+        if slowdown is None:
+            return f"recovered, not evicted: no recent steps of {node} to confirm the slowdown"
+        if slowdown < minimum:
+            return (
+                f"recovered, not evicted: {node} is {slowdown:+.1f}% over its peers in the "
+                f"newest steps (minimum {minimum:g}%)"
+            )
+        return None
+
+    def _evict(
+        self, decision_id: str, job: JobInfo, node: str, record: dict[str, Any], now: float
+    ) -> str:
+        """Count the eviction (before acting: a crash mid-eviction must not allow one more than
+        the policy's maximum), then requeue the job without ``node``."""
+        self.state.update_job(
+            job.job_id,
+            evictions=self._context(job).evictions + 1,
+            last_eviction_ts=f"{now:.3f}",
+            waiting="",
+        )
+        outcome = self.executor.evict(decision_id, job, node, record)
+        self.metrics.actions.labels(action="evict", outcome=outcome).inc()
+        return outcome
+
     def _resume_waiting(
         self, job: JobInfo, nodes: tuple[NodeInfo, ...], now: float, report: CycleReport
     ) -> None:
-        js = self.state.job(job.job_id)
-        decision_id = js.get("waiting")
+        decision_id = self._waiting(job)
         if not decision_id:
             return
         rec = self.state.decision(decision_id)
@@ -388,19 +406,18 @@ class Service:
             self._cluster(nodes, now),
             now,
         )
-        self.state.update_job(job.job_id, waiting="")
-        if again.action != "evict":
+        reasons = again.reasons
+        if again.action == "evict":
+            recovered = self._recovered(job, event.node, policy)
+            reasons = [recovered] if recovered else reasons
+        if again.action != "evict" or reasons != again.reasons:
             self.state.save_decision(
-                decision_id,
-                {"state": "recorded", "decision": again.action, "reasons": again.reasons},
+                decision_id, {"state": "recorded", "decision": "none", "reasons": reasons}
             )
+            self.state.update_job(job.job_id, waiting="", waiting_since="")
             return
-        outcome = self.executor.evict(
-            decision_id, job, event.node, {"after": "checkpoint" if checkpointed else "max wait"}
-        )
-        self.state.update_job(
-            job.job_id, evictions=ctx.evictions + 1, last_eviction_ts=f"{now:.3f}"
-        )
+        after = "checkpoint" if checkpointed else "max wait"
+        outcome = self._evict(decision_id, job, event.node, {"after": after}, now)
         report.decisions.append({"id": decision_id, "action": "evict", "outcome": outcome})
 
     def _explain_prolog_drains(self, nodes: tuple[NodeInfo, ...]) -> None:
@@ -426,54 +443,6 @@ class Service:
             self.executor.annotate(job, text)
         except StragglerError as exc:
             log.warning("service.annotate_failed", job_id=job.job_id, error=str(exc))
-
-    def _remember(
-        self,
-        event: StragglerEvent,
-        job: JobInfo,
-        policy: Policy,
-        nodes: tuple[NodeInfo, ...],
-        now: float,
-        *,
-        corroborated: bool = False,
-    ) -> None:
-        """Node history, persistent-straggler drain and the circuit breaker."""
-        transition = record_incident(
-            self.state.node_history(event.node),
-            Incident(job.job_id, now, event.slowdown_pct, event.cause, job.user, corroborated),
-            policy.persistence.params(),
-            distinct_users=policy.persistence.distinct_users,
-        )
-        self.state.save_node_history(transition.history)
-        if event.cause == "compute":
-            window = policy.safety.breaker_window_s
-            self._flagged = [(t, n) for t, n in self._flagged if now - t < window]
-            self._flagged.append((now, event.node))
-            distinct = {n for _, n in self._flagged}
-            if len(distinct) > policy.safety.breaker_max_nodes and self.state.breaker() is None:
-                why = (
-                    f"{len(distinct)} straggler nodes within {window:.0f} s (max "
-                    f"{policy.safety.breaker_max_nodes}); `straggler resume` to act again"
-                )
-                self.state.open_breaker(why)
-                log.error("service.breaker_open", why=why)
-        if not (transition.became_persistent and policy.actions.drain_persistent):
-            return
-        if self.dry_run or self.state.paused() or self.state.breaker():
-            return
-        node = next((n for n in nodes if n.name == event.node), None)
-        if node is None or not node.usable:
-            return
-        members = [n for n in nodes if set(n.partitions) & set(node.partitions)]
-        drained = sum(1 for n in members if not n.usable)
-        if (drained + 1) / max(1, len(members)) > policy.safety.max_partition_drained_fraction:
-            log.warning(
-                "service.drain_refused", node=event.node, reason="partition drain limit reached"
-            )
-            return
-        decision_id = marks.new_decision_id()
-        reason = marks.reason("persistent", "; ".join(transition.reasons), decision_id)
-        self.executor.drain(decision_id, event.node, reason, {"job_id": job.job_id})
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, *, once: bool = False, stop: threading.Event | None = None) -> None:

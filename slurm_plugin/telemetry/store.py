@@ -6,6 +6,7 @@ hash tag ``{JOB}``, so every pipeline of one job stays on one shard.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,6 +238,19 @@ class TelemetryStore:
                 malformed += 1
                 log.warning("telemetry.malformed_entry", job_id=job_id, entry=last, error=str(exc))
         return StepsPage(records, last, malformed)
+
+    def latest_steps(self, job_id: str, entries: int = 5000) -> list[StepRecord]:
+        """The records of the newest ``entries`` stream entries (each one rank's batch), for a
+        bounded look at what the job does now; malformed entries are skipped."""
+        newest = cast(
+            "list[tuple[bytes, dict[bytes, bytes]]]",
+            self.client.xrevrange(keys.job_steps(job_id), count=entries),
+        )
+        records: list[StepRecord] = []
+        for _, fields in newest:
+            with contextlib.suppress(TelemetryError):
+                records.extend(decode_steps(job_id, to_text(fields)))  # type: ignore[arg-type]
+        return records
 
     def iter_steps(self, job_id: str, chunk: int = 5000) -> Iterator[StepRecord]:
         """Every step record of the job, oldest entry first."""

@@ -174,3 +174,55 @@ def test_two_instances_never_both_act(make_loop: Callable[..., Loop], tmp_path: 
     assert decision["state"] == "verified"
     job = shared.job_table["5"]
     assert (job.excluded, job.restarts) == (("node3",), 1)
+
+
+def _run(loop: Loop, first: int, cycles: int, slow: dict[str, float], steps: int = 10) -> None:
+    for cycle in range(cycles):
+        start = first + cycle * steps
+        publish(loop, loop.slurm.job_table["5"], range(start, start + steps), slow)
+        loop.service.cycle()
+        loop.clock.advance(1)
+
+
+def test_one_waiting_decision_and_max_wait_is_honoured(make_loop: Callable[..., Loop]) -> None:
+    """Issue 13 item 5: a job that reports checkpoints gets one waiting decision however often
+    the straggler is seen again; its clock is not reset, so after max_wait_s (900 s) without a
+    checkpoint the job is evicted (still slow), counted before acting, nothing left open."""
+    clock = FakeClock()
+    slurm = FakeScheduler([running_job(clock)], NODES)
+    loop = make_loop(slurm, clock, "a")
+    loop.store.publish("5", events=[{"name": "checkpoint_end", "ts": clock() - 60, "step": 0}])
+    _run(loop, 0, 60, {"node3": 2.0})
+    decisions = loop.state.job_decisions("5")
+    assert [d["state"] for d in decisions] == ["waiting"]
+    assert slurm.changes == []
+    clock.advance(900)
+    _run(loop, 600, 2, {"node3": 2.0})
+    (decision,) = loop.state.job_decisions("5")
+    assert (decision["state"], decision["after"]) == ("verified", "max wait")
+    assert [c[0] for c in slurm.changes] == ["requeue_hold", "set_excluded", "release"]
+    assert loop.state.job("5")["evictions"] == "1"
+    assert loop.state.open_decisions() == []
+
+
+def test_a_burst_that_is_over_is_not_evicted(make_loop: Callable[..., Loop]) -> None:
+    """Issue 13 item 5: node3 is 2x slow for a while and then as fast as its peers before the
+    job's next checkpoint; after the checkpoint the service re-checks the newest steps and
+    records "recovered, not evicted" instead of requeueing the job."""
+    clock = FakeClock()
+    slurm = FakeScheduler([running_job(clock)], NODES)
+    loop = make_loop(slurm, clock, "a")
+    loop.store.publish("5", events=[{"name": "checkpoint_end", "ts": clock() - 60, "step": 0}])
+    for cycle in range(30):
+        _run(loop, cycle * 10, 1, {"node3": 2.0})
+        if loop.state.job_decisions("5"):
+            break
+    assert [d["state"] for d in loop.state.job_decisions("5")] == ["waiting"]
+    _run(loop, 400, 5, {})  # the burst is over
+    loop.store.publish("5", events=[{"name": "checkpoint_end", "ts": clock(), "step": 440}])
+    _run(loop, 450, 1, {})
+    (decision,) = loop.state.job_decisions("5")
+    assert decision["state"] == "recorded"
+    assert "recovered, not evicted" in decision["reasons"]
+    assert [c[0] for c in slurm.changes if c[0] != "annotate"] == []
+    assert loop.state.job("5").get("evictions", "0") == "0"

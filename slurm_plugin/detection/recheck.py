@@ -1,0 +1,33 @@
+"""Is a node still slow? A short, independent look at the job's newest steps before an
+eviction, so a burst that is already over (a page-cache flush, a checkpoint writer) never
+costs a requeue."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from slurm_plugin.telemetry.records import StepRecord
+
+
+def recent_slowdown_pct(records: Iterable[StepRecord], node: str, steps: int = 20) -> float | None:
+    """How much longer the ranks on ``node`` computed than the ranks on the other nodes, in %,
+    over the newest ``steps`` steps of the newest attempt (median of per-step ratios of
+    medians). None when those steps do not show both ``node`` and a peer."""
+    usable = [r for r in records if r.compute_s is not None]
+    if not usable:
+        return None
+    attempt = max(r.attempt for r in usable)
+    by_step: dict[int, tuple[list[float], list[float]]] = {}
+    for r in usable:
+        if r.attempt == attempt:
+            mine, peers = by_step.setdefault(r.step, ([], []))
+            (mine if r.node == node else peers).append(float(r.compute_s or 0.0))
+    ratios = []
+    for step in sorted(by_step)[-steps:]:
+        mine, peers = by_step[step]
+        peer = float(np.median(peers)) if peers else 0.0
+        if mine and peer > 0:
+            ratios.append(float(np.median(mine)) / peer)
+    return (float(np.median(ratios)) - 1.0) * 100.0 if ratios else None

@@ -1,0 +1,76 @@
+"""What a straggler event does to the shared node state: node history (incidents, persistence),
+the circuit breaker (too many straggler nodes at once), and the drain of a persistent straggler
+within the partition drain limit."""
+
+from __future__ import annotations
+
+import structlog
+
+from slurm_plugin.detection import StragglerEvent
+from slurm_plugin.policy.history import Incident, record_incident
+from slurm_plugin.policy.schema import Policy
+from slurm_plugin.service.executor import Executor
+from slurm_plugin.service.state import ServiceState
+from slurm_plugin.slurm import marks
+from slurm_plugin.slurm.model import JobInfo, NodeInfo
+
+log = structlog.get_logger(__name__)
+
+
+class NodeRails:
+    """Node history and the rails around draining, for the service."""
+
+    def __init__(self, state: ServiceState, executor: Executor, *, dry_run: bool) -> None:
+        self.state = state
+        self.executor = executor
+        self.dry_run = dry_run
+        #: (when, node) of recent compute stragglers, for the circuit breaker's window.
+        self.flagged: list[tuple[float, str]] = []
+
+    def remember(
+        self,
+        event: StragglerEvent,
+        job: JobInfo,
+        policy: Policy,
+        nodes: tuple[NodeInfo, ...],
+        now: float,
+        *,
+        corroborated: bool = False,
+    ) -> None:
+        """Node history, persistent-straggler drain and the circuit breaker."""
+        transition = record_incident(
+            self.state.node_history(event.node),
+            Incident(job.job_id, now, event.slowdown_pct, event.cause, job.user, corroborated),
+            policy.persistence.params(),
+            distinct_users=policy.persistence.distinct_users,
+        )
+        self.state.save_node_history(transition.history)
+        if event.cause == "compute":
+            window = policy.safety.breaker_window_s
+            self.flagged = [(t, n) for t, n in self.flagged if now - t < window]
+            self.flagged.append((now, event.node))
+            distinct = {n for _, n in self.flagged}
+            if len(distinct) > policy.safety.breaker_max_nodes and self.state.breaker() is None:
+                why = (
+                    f"{len(distinct)} straggler nodes within {window:.0f} s (max "
+                    f"{policy.safety.breaker_max_nodes}); `straggler resume` to act again"
+                )
+                self.state.open_breaker(why)
+                log.error("service.breaker_open", why=why)
+        if not (transition.became_persistent and policy.actions.drain_persistent):
+            return
+        if self.dry_run or self.state.paused() or self.state.breaker():
+            return
+        node = next((n for n in nodes if n.name == event.node), None)
+        if node is None or not node.usable:
+            return
+        members = [n for n in nodes if set(n.partitions) & set(node.partitions)]
+        drained = sum(1 for n in members if not n.usable)
+        if (drained + 1) / max(1, len(members)) > policy.safety.max_partition_drained_fraction:
+            log.warning(
+                "service.drain_refused", node=event.node, reason="partition drain limit reached"
+            )
+            return
+        decision_id = marks.new_decision_id()
+        reason = marks.reason("persistent", "; ".join(transition.reasons), decision_id)
+        self.executor.drain(decision_id, event.node, reason, {"job_id": job.job_id})

@@ -1,0 +1,38 @@
+"""The re-check before an eviction: is the node still slower than its peers right now?"""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_plugin.detection.recheck import recent_slowdown_pct
+from slurm_plugin.telemetry.records import StepRecord
+
+
+def _records(slow: dict[int, float], steps: range, attempt: int = 0) -> list[StepRecord]:
+    """node1..node3, one rank each; ``slow`` maps a step to node3's compute factor."""
+    return [
+        StepRecord("5", rank, f"node{rank + 1}", 0, step, 0.0, 0.2,
+                   0.1 * (slow.get(step, 1.0) if rank == 2 else 1.0), 0.05, 0.0, attempt)
+        for step in steps
+        for rank in range(3)
+    ]  # fmt: skip
+
+
+def test_a_node_still_slow_and_one_that_recovered() -> None:
+    """2x slow in the newest 20 steps: +100 %; slow earlier but not in the newest steps: 0 %."""
+    assert recent_slowdown_pct(_records(dict.fromkeys(range(100), 2.0), range(100)), "node3") == (
+        pytest.approx(100.0)
+    )
+    burst = _records(dict.fromkeys(range(50), 2.0), range(100))
+    assert recent_slowdown_pct(burst, "node3") == pytest.approx(0.0)
+    assert recent_slowdown_pct(burst, "node3", steps=100) == pytest.approx(50.0)
+
+
+def test_only_the_newest_attempt_and_nothing_to_compare() -> None:
+    """Records of an earlier attempt do not count; no peers or no node means no answer."""
+    old = _records(dict.fromkeys(range(20), 3.0), range(20), attempt=0)
+    new = _records({}, range(20), attempt=1)
+    assert recent_slowdown_pct(old + new, "node3") == pytest.approx(0.0)
+    assert recent_slowdown_pct(new, "node9") is None
+    assert recent_slowdown_pct([r for r in new if r.node == "node3"], "node3") is None
+    assert recent_slowdown_pct([], "node3") is None
