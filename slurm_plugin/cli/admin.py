@@ -204,6 +204,7 @@ def node_forgive(settings: Settings, name: str) -> None:
     scheduler, state, _ = build(settings)
     old = state.node_history(name)
     state.save_node_history(NodeHistory(name, forgiven=old.forgiven + 1))
+    state.withdraw_refusal(name)
     slurm = next((n for n in scheduler.nodes() if n.name == name), None)
     resumed = False
     if slurm is not None and not slurm.usable:
@@ -245,8 +246,13 @@ def node_mark(settings: Settings, name: str, new_state: str) -> None:
             last_incident=old.last_incident or now,
         )
     )
+    decision_id = marks.new_decision_id()
+    if new_state == "persistent":  # an admin's explicit word: prologs refuse the node
+        state.refuse(name, decision_id, f"{marks.PREFIX} marked persistent by an admin")
+    else:
+        state.withdraw_refusal(name)
     state.save_decision(
-        marks.new_decision_id(),
+        decision_id,
         {
             "state": "recorded",
             "action": "mark",

@@ -193,10 +193,16 @@ def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult
     try:
         client = _redis(settings)
         node_key = keys.node(result.node)
-        if client.hget(node_key, "state") == "persistent":
-            result.findings.append(
-                Finding("persistent", "drain", "node is a persistent straggler (straggler nodes)")
-            )
+        # Only an explicit refusal (the service after its rails, or an admin) keeps a node
+        # out; node history alone never does.
+        refusal = client.hget(node_key, "refusal")
+        if refusal:
+            try:
+                why = json.loads(refusal)
+                text = f"{why.get('reason', 'refused')} [{why.get('decision_id', '')}]"
+            except (ValueError, AttributeError):
+                text = "refused by the straggler service"
+            result.findings.append(Finding("persistent", "drain", text[:200]))
         if result.job_id:
             policy = env.get("SPANK_STRAGGLER_POLICY") or env.get("STRAGGLER_POLICY") or ""
             overrides = {
@@ -227,7 +233,10 @@ def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult
         mapping = {"last_check": json.dumps(check)}
         if verdict(result.findings):
             mapping["prolog_finding"] = result.summary()
+            mapping["prolog_finding_ts"] = f"{time.time():.3f}"
         client.hset(node_key, mapping=mapping)
+        if not verdict(result.findings):  # passed: an old finding must not explain a new drain
+            client.hdel(node_key, "prolog_finding", "prolog_finding_ts")
     except Exception as exc:  # noqa: BLE001 - Redis trouble is our problem: fail open, loudly
         result.problems.append(f"Redis unavailable, persistent check skipped: {exc}")
 

@@ -57,7 +57,11 @@ class NodeRails:
                 )
                 self.state.open_breaker(why)
                 log.error("service.breaker_open", why=why)
-        if not (transition.became_persistent and policy.actions.drain_persistent):
+        if not (
+            transition.became_persistent
+            and policy.actions.drain_persistent
+            and policy.actions.mode == "evict"
+        ):
             return
         if self.dry_run or self.state.paused() or self.state.breaker():
             return
@@ -73,4 +77,8 @@ class NodeRails:
             return
         decision_id = marks.new_decision_id()
         reason = marks.reason("persistent", "; ".join(transition.reasons), decision_id)
-        self.executor.drain(decision_id, event.node, reason, {"job_id": job.job_id})
+        if (
+            self.executor.drain(decision_id, event.node, reason, {"job_id": job.job_id})
+            == "verified"
+        ):
+            self.state.refuse(event.node, decision_id, reason)

@@ -245,13 +245,51 @@ class ServiceState:
                 found[str(key).split(":", 2)[2]] = raw
         return found
 
-    def prolog_finding(self, node: str) -> str | None:
-        """What the prolog found when it last failed on ``node`` (written by the prolog)."""
-        return cast("str | None", self.r.hget(keys.node(node), "prolog_finding"))
+    def prolog_finding(self, node: str) -> tuple[str, float | None] | None:
+        """What the prolog found when it last failed on ``node`` and when (it clears both when
+        it passes), or None."""
+        finding, ts = cast(
+            "list[str | None]",
+            self.r.hmget(keys.node(node), ["prolog_finding", "prolog_finding_ts"]),
+        )
+        if not finding:
+            return None
+        try:
+            return finding, float(ts) if ts else None
+        except ValueError:
+            return finding, None
 
     def set_prolog_finding(self, node: str, finding: str) -> None:
-        """Record a failed prolog's finding (used by the prolog and by tests)."""
-        self.r.hset(keys.node(node), "prolog_finding", finding)
+        """Record a failed prolog's finding, now (what the prolog does; tests use it too)."""
+        self.r.hset(
+            keys.node(node),
+            mapping={"prolog_finding": finding, "prolog_finding_ts": f"{self.clock():.3f}"},
+        )
+
+    def clear_prolog_finding(self, node: str) -> None:
+        """The finding was used (or is stale): forget it."""
+        self.r.hdel(keys.node(node), "prolog_finding", "prolog_finding_ts")
+
+    def refuse(self, node: str, decision_id: str, reason: str) -> None:
+        """Ask every prolog on ``node`` to fail (so Slurm keeps it out) until forgiven. Only the
+        service, after its rails, and an admin's `node mark ... persistent` write this."""
+        self.r.hset(
+            keys.node(node),
+            "refusal",
+            json.dumps({"decision_id": decision_id, "reason": reason, "at": self.clock()}),
+        )
+
+    def refusal(self, node: str) -> dict[str, Any] | None:
+        """The standing refusal of ``node``, if any."""
+        raw = cast("str | None", self.r.hget(keys.node(node), "refusal"))
+        try:
+            return cast("dict[str, Any]", json.loads(raw)) if raw else None
+        except ValueError:
+            return {"reason": "unreadable refusal", "decision_id": ""}
+
+    def withdraw_refusal(self, node: str) -> None:
+        """Let prologs on ``node`` pass again."""
+        self.r.hdel(keys.node(node), "refusal")
 
     # -- switches --------------------------------------------------------------------------------
     def pause(self, seconds: float, who: str = "") -> None:

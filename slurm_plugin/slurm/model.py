@@ -48,6 +48,7 @@ class NodeInfo:
     flags: tuple[str, ...]
     reason: str
     partitions: tuple[str, ...]
+    reason_time: float | None = None  # when Slurm set the reason (unix time), if it says
 
     @property
     def drained(self) -> bool:

@@ -162,6 +162,7 @@ def _node_of_22_05(item: dict[str, Any]) -> NodeInfo:
         flags=flags,
         reason=_text(item.get("reason")),
         partitions=tuple(str(p) for p in partitions) if isinstance(partitions, list) else (),
+        reason_time=_number(item.get("reason_changed_at")) or None,
     )
 
 
@@ -178,6 +179,7 @@ def _nodes_of_group(group: dict[str, Any]) -> list[NodeInfo]:
     node = group.get("node")
     state, flags = _state(node.get("state") if isinstance(node, dict) else None, None)
     reason = group.get("reason")
+    reason_info = reason if isinstance(reason, dict) else {}
     partition = group.get("partition")
     partition_name = _text(partition.get("name")) if isinstance(partition, dict) else ""
     return [
@@ -185,8 +187,9 @@ def _nodes_of_group(group: dict[str, Any]) -> list[NodeInfo]:
             name=host,
             state=state,
             flags=flags,
-            reason=_text(reason.get("description") if isinstance(reason, dict) else reason),
+            reason=_text(reason_info.get("description") if reason_info else reason),
             partitions=(partition_name,) if partition_name else (),
+            reason_time=_number(reason_info.get("time")) or None,
         )
         for host in hosts
     ]

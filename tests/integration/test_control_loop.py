@@ -4,16 +4,19 @@ a private redis-server, with slurm_plugin.testing's FakeScheduler and FakeClock.
 from __future__ import annotations
 
 import random
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import redis
 
 from slurm_plugin.config import Settings
+from slurm_plugin.health.checks import verdict
+from slurm_plugin.health.hook import HookResult, _redis_prolog
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.model import JobInfo, NodeInfo
@@ -25,7 +28,9 @@ from tests.integration.conftest import REPO, RedisServer
 NODES = [NodeInfo(f"node{i}", "idle", (), "", ("debug",)) for i in range(1, 5)]
 
 
-def running_job(clock: FakeClock, job_id: str = "5", policy: str = "evict") -> JobInfo:
+def running_job(
+    clock: FakeClock, job_id: str = "5", policy: str = "evict", user: str = "alice"
+) -> JobInfo:
     """A requeueable 3-node job, 10 minutes into a 4-hour limit."""
     return JobInfo(
         job_id=job_id,
@@ -40,7 +45,7 @@ def running_job(clock: FakeClock, job_id: str = "5", policy: str = "evict") -> J
         admin_comment="",
         partition="debug",
         node_count=3,
-        user="alice",
+        user=user,
         time_limit_s=4 * 3600.0,
         start_time=clock() - 600,
         priority=1,
@@ -81,15 +86,29 @@ def make_loop(private_redis: RedisServer) -> Iterator[Callable[..., Loop]]:
     """Builds service instances sharing one Redis and one fake Slurm."""
     clients: list[redis.Redis] = []
 
-    def make(slurm: FakeScheduler, clock: FakeClock, name: str, lock_ttl_s: float = 10) -> Loop:
+    def make(
+        slurm: FakeScheduler,
+        clock: FakeClock,
+        name: str,
+        lock_ttl_s: float = 10,
+        dry_run: bool = False,
+        policy_dir: Path = REPO / "policies",
+    ) -> Loop:
         text = redis.Redis.from_url(private_redis.url, decode_responses=True)
         raw = redis.Redis.from_url(private_redis.url)
         clients.extend([text, raw])
-        settings = Settings(policy_dir=REPO / "policies", service_interval_s=1)
+        settings = Settings(policy_dir=policy_dir, service_interval_s=1)
         state = ServiceState(text, clock)
         store = TelemetryStore(raw)
         service = Service(
-            settings, slurm, state, store, clock=clock, instance=name, lock_ttl_s=lock_ttl_s
+            settings,
+            slurm,
+            state,
+            store,
+            clock=clock,
+            instance=name,
+            lock_ttl_s=lock_ttl_s,
+            dry_run=dry_run,
         )
         return Loop(service, slurm, clock, store, state)
 
@@ -176,10 +195,18 @@ def test_two_instances_never_both_act(make_loop: Callable[..., Loop], tmp_path: 
     assert (job.excluded, job.restarts) == (("node3",), 1)
 
 
-def _run(loop: Loop, first: int, cycles: int, slow: dict[str, float], steps: int = 10) -> None:
+def _run(
+    loop: Loop,
+    first: int,
+    cycles: int,
+    slow: dict[str, float],
+    steps: int = 10,
+    jobs: tuple[str, ...] = ("5",),
+) -> None:
     for cycle in range(cycles):
         start = first + cycle * steps
-        publish(loop, loop.slurm.job_table["5"], range(start, start + steps), slow)
+        for job_id in jobs:
+            publish(loop, loop.slurm.job_table[job_id], range(start, start + steps), slow)
         loop.service.cycle()
         loop.clock.advance(1)
 
@@ -226,3 +253,99 @@ def test_a_burst_that_is_over_is_not_evicted(make_loop: Callable[..., Loop]) -> 
     assert "recovered, not evicted" in decision["reasons"]
     assert [c[0] for c in slurm.changes if c[0] != "annotate"] == []
     assert loop.state.job("5").get("evictions", "0") == "0"
+
+
+DRAINER = """
+description = "evict at once and drain persistent stragglers, no partition limit"
+[actions]
+mode = "evict"
+when = "now"
+max_requeues = 0
+drain_persistent = true
+[safety]
+max_partition_drained_fraction = 1.0
+"""
+
+
+@pytest.mark.parametrize(
+    ("policy", "dry_run", "drains"),
+    [("observe", False, False), ("drainer", True, False), ("drainer", False, True)],
+)
+def test_only_the_service_takes_a_node_out_after_its_rails(
+    make_loop: Callable[..., Loop],
+    private_redis: RedisServer,
+    tmp_path: Path,
+    policy: str,
+    dry_run: bool,
+    drains: bool,
+) -> None:
+    """Issue 13 item 1, reproduced: three jobs of different users see node3 slow and its
+    history turns persistent. Under observe, or in a dry run of a policy that drains, nothing
+    requeues or drains a node and the next prolog on node3 passes (node history alone never
+    keeps a node out); the same policy for real drains node3 with our mark and a refusal
+    that makes the prolog fail."""
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", policies)
+    (policies / "drainer.toml").write_text(DRAINER)
+    clock = FakeClock()
+    jobs = [running_job(clock, str(10 + i), policy, user=f"user{i}") for i in range(3)]
+    slurm = FakeScheduler(jobs, NODES)
+    loop = make_loop(slurm, clock, "a", dry_run=dry_run, policy_dir=policies)
+    _run(loop, 0, 40, {"node3": 2.0}, jobs=tuple(j.job_id for j in jobs))
+    assert loop.state.node_history("node3").state == "persistent"
+    acted = [c[:2] for c in slurm.changes if c[0] != "annotate"]
+    assert acted == ([("drain", "node3")] if drains else [])
+    if dry_run:
+        assert slurm.changes == []
+    settings = Settings(redis_url=private_redis.url)
+    result = HookResult(node="node3", job_id="99")
+    _redis_prolog(settings, {"SLURM_JOB_ID": "99", "SLURM_NODELIST": "node3"}, result)
+    assert verdict(result.findings) == (1 if drains else 0), result.findings
+    assert (loop.state.refusal("node3") is not None) == drains
+
+
+def test_prolog_refuses_only_on_an_explicit_refusal(
+    make_loop: Callable[..., Loop], private_redis: RedisServer
+) -> None:
+    """A refusal the service (after its rails) or an admin wrote fails the prolog; withdrawn,
+    the prolog passes and clears its old finding."""
+    clock = FakeClock()
+    loop = make_loop(FakeScheduler([], NODES), clock, "a")
+    settings = Settings(redis_url=private_redis.url)
+    loop.state.refuse("node2", "d-0123456789ab", "straggler: persistent node2 [d-0123456789ab]")
+    failed = HookResult(node="node2", job_id="1")
+    _redis_prolog(settings, {"SLURM_JOB_ID": "1"}, failed)
+    assert verdict(failed.findings) == 1
+    assert "d-0123456789ab" in failed.summary()
+    assert loop.state.prolog_finding("node2") is not None
+    loop.state.withdraw_refusal("node2")
+    passed = HookResult(node="node2", job_id="2")
+    _redis_prolog(settings, {"SLURM_JOB_ID": "2"}, passed)
+    assert verdict(passed.findings) == 0
+    assert loop.state.prolog_finding("node2") is None
+
+
+def test_a_stale_prolog_finding_never_explains_a_later_drain(
+    make_loop: Callable[..., Loop],
+) -> None:
+    """Issue 13 item 1: a finding older than the "Prolog error" drain it would explain is
+    dropped, so an unrelated drain never gets our mark (and `node forgive` never resumes it);
+    a matching one is explained with our mark."""
+    clock = FakeClock()
+    drained = [
+        replace(n, flags=("DRAIN",), reason="Prolog error", reason_time=clock())
+        if n.name in {"node1", "node2"}
+        else n
+        for n in NODES
+    ]
+    slurm = FakeScheduler([], drained)
+    loop = make_loop(slurm, clock, "a")
+    loop.state.set_prolog_finding("node1", "gpu: 7 of 8 GPUs visible")  # this drain's
+    clock.advance(-3600)
+    loop.state.set_prolog_finding("node2", "gpu: 7 of 8 GPUs visible")  # an hour before
+    clock.advance(3600)
+    loop.service.cycle()
+    assert [c[:2] for c in slurm.changes] == [("drain", "node1")]
+    assert slurm.changes[0][2].startswith("straggler: prolog gpu: 7 of 8 GPUs visible [d-")
+    assert loop.state.prolog_finding("node1") is None
+    assert loop.state.prolog_finding("node2") is None
