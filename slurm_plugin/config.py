@@ -82,7 +82,15 @@ class Settings(BaseSettings):
         description="Directory of policy files (*.toml); the service re-reads it every cycle.",
     )
     default_policy: str = Field(
-        default="observe", description="Policy of jobs that do not choose one."
+        default="observe",
+        description="Policy of jobs that do not choose one. Its [safety] and [persistence] "
+        "sections, and its actions.drain_persistent, are the cluster-wide rails for every job: "
+        "a job's own policy never sets them.",
+    )
+    allowed_policies: list[str] | None = Field(
+        default=None,
+        description="Policies a job may choose (SPANK option or --comment); None: every policy "
+        "in policy_dir. A job asking for another one runs under default_policy.",
     )
     service_interval_s: float = Field(
         default=2.0, gt=0, description="Seconds between service cycles."

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from slurm_plugin.detection.events import StragglerEvent
-from slurm_plugin.policy.schema import Policy
+from slurm_plugin.policy.schema import Policy, SafetyPolicy
 from slurm_plugin.slurm.model import JobInfo, NodeInfo
 
 Action = Literal["evict", "wait", "annotate", "none"]
@@ -33,6 +33,8 @@ class ClusterContext:
     paused: bool = False
     breaker_open: bool = False
     dry_run: bool = False
+    #: The cluster-wide rails (the service's default policy's [safety]); None: the policy's own.
+    safety: SafetyPolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -93,14 +95,15 @@ def _blockers(
         reasons.append(f"already evicted {ctx.evictions} times (max {policy.actions.max_requeues})")
     if ctx.last_eviction_ts is not None and now - ctx.last_eviction_ts < policy.actions.cooldown_s:
         reasons.append(f"cooldown: last eviction {now - ctx.last_eviction_ts:.0f} s ago")
-    needed = job.node_count + policy.safety.min_spare_nodes
+    safety = cluster.safety or policy.safety
+    needed = job.node_count + safety.min_spare_nodes
     left = _usable_after_exclusion(job, node, cluster.nodes)
     if left < needed:
         reasons.append(
             f"excluding {node} would leave {left} usable nodes in partition "
             f"{job.partition}; the job needs {needed}"
         )
-    if cluster.evictions_last_hour >= policy.safety.max_evictions_per_hour:
+    if cluster.evictions_last_hour >= safety.max_evictions_per_hour:
         reasons.append(f"eviction budget spent ({cluster.evictions_last_hour} in the last hour)")
     if cluster.paused:
         reasons.append("service paused by an admin")

@@ -134,10 +134,20 @@ class Service:
         job's own overrides (sbatch --straggler-*) applied only where they are stricter."""
         meta = self.state.job_meta(job.job_id)
         wanted = meta.get("policy") or policy_from_comment(job.comment) or ""
-        if wanted and wanted not in self.policies:
-            log.warning("service.unknown_policy", job_id=job.job_id, policy=wanted[:40])
-        base = self.policies.get(wanted) or self.policies[self.settings.default_policy]
+        allowed = self.settings.allowed_policies
+        if wanted and (
+            wanted not in self.policies or (allowed is not None and wanted not in allowed)
+        ):
+            log.warning("service.policy_refused", job_id=job.job_id, policy=wanted[:40])
+            wanted = ""
+        base = self.policies.get(wanted) or self.rails
         return apply_job_overrides(base, meta)
+
+    @property
+    def rails(self) -> Policy:
+        """The cluster policy (``default_policy``): its [safety], [persistence] and
+        drain_persistent bound every job, whatever policy the job chose."""
+        return self.policies[self.settings.default_policy]
 
     # -- one cycle ----------------------------------------------------------------------------
     def cycle(self) -> CycleReport:
@@ -195,6 +205,7 @@ class Service:
         for job in running.values():
             self._resume_waiting(job, nodes, now, report)
         self._explain_prolog_drains(nodes)
+        self._history.age(now, self.rails)
         self.metrics.jobs.set(report.jobs)
         self.metrics.ranks.set(report.ranks)
         self.state.heartbeat(
@@ -223,6 +234,7 @@ class Service:
             paused=self.state.paused() is not None,
             breaker_open=self.state.breaker() is not None,
             dry_run=self.dry_run,
+            safety=self.rails.safety,
         )
 
     def _handle(
@@ -251,7 +263,7 @@ class Service:
         gpus = [event.gpu] if event.scope == "gpu" and event.gpu is not None else []
         evidence, reported = gather_evidence(self.state, self.store, job.job_id, event.node, gpus)
         if is_slowdown(event, policy):  # speed-ups and small blips never enter node history
-            self._history.remember(event, job, policy, nodes, now, corroborated=bool(evidence))
+            self._history.remember(event, job, self.rails, nodes, now, corroborated=bool(evidence))
         decision = decide(event, job, policy, self._context(job), self._cluster(nodes, now), now)
         record = {
             **base,

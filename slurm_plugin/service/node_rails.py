@@ -7,7 +7,7 @@ from __future__ import annotations
 import structlog
 
 from slurm_plugin.detection import StragglerEvent
-from slurm_plugin.policy.history import Incident, record_incident
+from slurm_plugin.policy.history import Incident, evaluate, record_incident
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.state import ServiceState
@@ -26,18 +26,52 @@ class NodeRails:
         self.dry_run = dry_run
         #: (when, node) of recent compute stragglers, for the circuit breaker's window.
         self.flagged: list[tuple[float, str]] = []
+        self._aged_at = 0.0
+
+    def age(self, now: float, rails: Policy, every_s: float = 300.0) -> list[str]:
+        """Every ``every_s``: age every node's history to ``now`` (incidents leave the window,
+        a node quiet for forgive_after_days is healthy again). Returns the nodes forgiven. A
+        refusal (drain) we made stays until an admin forgives the node."""
+        if now - self._aged_at < every_s:
+            return []
+        self._aged_at = now
+        params = rails.persistence.params()
+        forgiven = []
+        for history in self.state.nodes():
+            aged = evaluate(history, now, params, distinct_users=rails.persistence.distinct_users)
+            if aged.history == history:
+                continue
+            self.state.save_node_history(aged.history)
+            if aged.forgiven:
+                forgiven.append(history.node)
+                self.state.save_decision(
+                    marks.new_decision_id(),
+                    {
+                        "state": "recorded",
+                        "action": "forgive",
+                        "node": history.node,
+                        "was": history.state,
+                        "by": "time",
+                        "reasons": aged.reasons,
+                    },
+                )
+        if forgiven:
+            log.info("service.nodes_forgiven", nodes=forgiven)
+        return forgiven
 
     def remember(
         self,
         event: StragglerEvent,
         job: JobInfo,
-        policy: Policy,
+        rails: Policy,
         nodes: tuple[NodeInfo, ...],
         now: float,
         *,
         corroborated: bool = False,
     ) -> None:
-        """Node history, persistent-straggler drain and the circuit breaker."""
+        """Node history, persistent-straggler drain and the circuit breaker, under the cluster
+        policy's rails (never the job's own policy: one job must not set what all share)."""
+        policy = rails
         transition = record_incident(
             self.state.node_history(event.node),
             Incident(job.job_id, now, event.slowdown_pct, event.cause, job.user, corroborated),

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -17,6 +18,7 @@ import redis
 from slurm_plugin.config import Settings
 from slurm_plugin.health.checks import verdict
 from slurm_plugin.health.hook import HookResult, _redis_prolog
+from slurm_plugin.policy.history import Incident, NodeHistory
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.model import JobInfo, NodeInfo
@@ -93,11 +95,12 @@ def make_loop(private_redis: RedisServer) -> Iterator[Callable[..., Loop]]:
         lock_ttl_s: float = 10,
         dry_run: bool = False,
         policy_dir: Path = REPO / "policies",
+        **settings_values: Any,
     ) -> Loop:
         text = redis.Redis.from_url(private_redis.url, decode_responses=True)
         raw = redis.Redis.from_url(private_redis.url)
         clients.extend([text, raw])
-        settings = Settings(policy_dir=policy_dir, service_interval_s=1)
+        settings = Settings(policy_dir=policy_dir, service_interval_s=1, **settings_values)
         state = ServiceState(text, clock)
         store = TelemetryStore(raw)
         service = Service(
@@ -268,29 +271,38 @@ max_partition_drained_fraction = 1.0
 
 
 @pytest.mark.parametrize(
-    ("policy", "dry_run", "drains"),
-    [("observe", False, False), ("drainer", True, False), ("drainer", False, True)],
+    ("cluster_policy", "job_policy", "dry_run", "drains"),
+    [
+        ("observe", "observe", False, False),
+        ("drainer", "drainer", True, False),
+        ("observe", "drainer", False, False),
+        ("drainer", "drainer", False, True),
+    ],
 )
 def test_only_the_service_takes_a_node_out_after_its_rails(
     make_loop: Callable[..., Loop],
     private_redis: RedisServer,
     tmp_path: Path,
-    policy: str,
+    cluster_policy: str,
+    job_policy: str,
     dry_run: bool,
     drains: bool,
 ) -> None:
-    """Issue 13 item 1, reproduced: three jobs of different users see node3 slow and its
-    history turns persistent. Under observe, or in a dry run of a policy that drains, nothing
-    requeues or drains a node and the next prolog on node3 passes (node history alone never
-    keeps a node out); the same policy for real drains node3 with our mark and a refusal
-    that makes the prolog fail."""
+    """Issue 13 items 1 and 3, reproduced: three jobs of different users see node3 slow and
+    its history turns persistent. Under observe, in a dry run of a cluster policy that drains,
+    or when only the jobs (not the cluster policy) ask for draining, nothing requeues or
+    drains a node and the next prolog on node3 passes (node history alone never keeps a node
+    out); the draining cluster policy for real drains node3 with our mark and a refusal that
+    makes the prolog fail."""
     policies = tmp_path / "policies"
     shutil.copytree(REPO / "policies", policies)
     (policies / "drainer.toml").write_text(DRAINER)
     clock = FakeClock()
-    jobs = [running_job(clock, str(10 + i), policy, user=f"user{i}") for i in range(3)]
+    jobs = [running_job(clock, str(10 + i), job_policy, user=f"user{i}") for i in range(3)]
     slurm = FakeScheduler(jobs, NODES)
-    loop = make_loop(slurm, clock, "a", dry_run=dry_run, policy_dir=policies)
+    loop = make_loop(
+        slurm, clock, "a", dry_run=dry_run, policy_dir=policies, default_policy=cluster_policy
+    )
     _run(loop, 0, 40, {"node3": 2.0}, jobs=tuple(j.job_id for j in jobs))
     assert loop.state.node_history("node3").state == "persistent"
     acted = [c[:2] for c in slurm.changes if c[0] != "annotate"]
@@ -349,3 +361,41 @@ def test_a_stale_prolog_finding_never_explains_a_later_drain(
     assert slurm.changes[0][2].startswith("straggler: prolog gpu: 7 of 8 GPUs visible [d-")
     assert loop.state.prolog_finding("node1") is None
     assert loop.state.prolog_finding("node2") is None
+
+
+def test_a_job_picks_only_allowed_policies(make_loop: Callable[..., Loop]) -> None:
+    """Issue 13 item 3: `--comment=straggler:policy=NAME` obeys the same allow-list as the
+    SPANK option; a policy outside it gives the cluster default."""
+    clock = FakeClock()
+    loop = make_loop(FakeScheduler([], NODES), clock, "a", allowed_policies=["observe", "evict"])
+    loop.service.reload_policies()
+    assert loop.service.policy_for(running_job(clock, policy="evict")).name == "evict"
+    picked = loop.service.policy_for(running_job(clock, policy="evict-aggressive"))
+    assert picked.name == "observe"
+
+
+def test_quiet_nodes_heal_with_time(make_loop: Callable[..., Loop]) -> None:
+    """Issue 13 item 6: a node with no incident for forgive_after_days (14) is healthy again
+    without any new incident (the audit says so); the refusal of a node we drained stays
+    until an admin forgives it."""
+    clock = FakeClock()
+    loop = make_loop(FakeScheduler([], NODES), clock, "a")
+    old = clock() - 15 * 86400
+    incidents = tuple(Incident(str(j), old, 40.0) for j in range(3))
+    for name in ("node3", "node4"):
+        loop.state.save_node_history(
+            NodeHistory(name, incidents, "persistent", persistent_since=old, last_incident=old)
+        )
+    recent = clock() - 86400
+    loop.state.save_node_history(
+        NodeHistory("node2", (Incident("9", recent, 40.0),), "suspect", last_incident=recent)
+    )
+    loop.state.refuse("node4", "d-0123456789ab", "straggler: persistent node4 [d-0123456789ab]")
+    loop.service.cycle()
+    assert loop.state.node_history("node3").state == "ok"
+    assert loop.state.node_history("node4").state == "ok"
+    assert loop.state.node_history("node2").state == "suspect"
+    assert loop.state.refusal("node4") is not None
+    forgiven = [e for e in loop.state.audit() if e.get("action") == "forgive"]
+    assert sorted(e["node"] for e in forgiven) == ["node3", "node4"]
+    assert {e["by"] for e in forgiven} == {"time"}

@@ -23,7 +23,7 @@ from slurm_plugin.policy.loader import (
     load_policy,
     policy_from_comment,
 )
-from slurm_plugin.policy.schema import Policy
+from slurm_plugin.policy.schema import Policy, SafetyPolicy
 from slurm_plugin.slurm.model import JobInfo, NodeInfo
 
 NOW = 1_700_000_000.0
@@ -196,3 +196,18 @@ def test_job_overrides_only_make_the_policy_stricter() -> None:
     assert looser.actions.max_requeues == evict.actions.max_requeues
     assert looser.detection.min_slowdown_pct == evict.detection.min_slowdown_pct
     assert apply_job_overrides(evict, {"max_requeues": "lots"}) == evict
+
+
+def test_cluster_rails_bound_every_job_whatever_its_policy() -> None:
+    """Issue 13 item 3: the eviction budget and spare nodes come from the cluster's rails; a
+    job's policy with a budget of 1,000 evictions an hour does not lift a budget of 1."""
+    loose = POLICIES["evict"].model_copy(
+        update={"safety": SafetyPolicy(max_evictions_per_hour=1000)}
+    )
+    rails = SafetyPolicy(max_evictions_per_hour=1)
+    spent = ClusterContext(nodes=NODES, evictions_last_hour=1, safety=rails)
+    d = decide(_event(), _job(), loose, JobContext(last_checkpoint_ts=NOW - 60), spent, NOW)
+    assert d.action == "annotate"
+    assert any("eviction budget spent" in r for r in d.reasons)
+    open_budget = ClusterContext(nodes=NODES, evictions_last_hour=1)  # the policy's own rails
+    assert decide(_event(), _job(), loose, JobContext(), open_budget, NOW).action == "evict"
