@@ -280,13 +280,18 @@ def jobs(settings: Settings, as_json: bool) -> None:
             {
                 "job": job.job_id,
                 "user": job.user,
+                "policy": js.get("policy") or "-",
                 "nodes": ",".join(job.nodes),
                 "restarts": job.restarts,
                 "evictions": js.get("evictions", "0"),
                 "waiting": js.get("waiting") or "-",
             }
         )
-    emit_rows(rows, ["job", "user", "nodes", "restarts", "evictions", "waiting"], as_json=as_json)
+    emit_rows(
+        rows,
+        ["job", "user", "policy", "nodes", "restarts", "evictions", "waiting"],
+        as_json=as_json,
+    )
 
 
 @click.group("job")

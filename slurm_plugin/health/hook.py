@@ -214,7 +214,9 @@ def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult
                 **overrides,
                 "nodes": env.get("SLURM_NODELIST", ""),
                 "user": env.get("SLURM_JOB_USER", ""),
-                "policy": policy or settings.default_policy,
+                # Only an explicit choice is registered: without one, the job's --comment
+                # and then the cluster default apply (resolved by the service).
+                "policy": policy,
                 "attempt": env.get("SLURM_RESTART_COUNT", "0"),
                 "registered_at": f"{time.time():.3f}",
             }

@@ -46,6 +46,8 @@ class Decision:
     reasons: list[str] = field(default_factory=list)
     saved_s: float | None = None
     cost_s: float | None = None
+    #: Only an admin's pause or the open circuit breaker stands in the way: act once lifted.
+    on_hold: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -105,6 +107,12 @@ def _blockers(
         )
     if cluster.evictions_last_hour >= safety.max_evictions_per_hour:
         reasons.append(f"eviction budget spent ({cluster.evictions_last_hour} in the last hour)")
+    return reasons
+
+
+def _switches(cluster: ClusterContext) -> list[str]:
+    """The admin's switches that hold every action back."""
+    reasons = []
     if cluster.paused:
         reasons.append("service paused by an admin")
     if cluster.breaker_open:
@@ -160,8 +168,10 @@ def decide(
     reasons = _blockers(event, job, policy, ctx, cluster, now)
     if saved <= cost:
         reasons.append(f"goodput: evicting saves {saved:.0f} s but costs {cost:.0f} s")
-    if reasons:
-        return Decision("annotate", node, reasons, saved, cost)
+    switches = _switches(cluster)
+    if reasons or switches:
+        on_hold = not reasons and not cluster.dry_run
+        return Decision("annotate", node, reasons + switches, saved, cost, on_hold=on_hold)
     waited = now - ctx.waiting_since if ctx.waiting_since is not None else 0.0
     if policy.actions.when == "after_checkpoint" and ctx.reports_checkpoints:
         if waited < policy.actions.max_wait_s:

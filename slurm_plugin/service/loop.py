@@ -185,6 +185,8 @@ class Service:
             policy = self.policy_for(job)
             if policy.actions.mode == "off":
                 continue
+            if self._job_policy.get(job.job_id) != policy.name:  # shown by `jobs`, `job show`
+                self.state.update_job(job.job_id, policy=policy.name)
             self._job_policy[job.job_id] = policy.name
             detector = self._detectors.setdefault(policy.name, Detector(policy.detection.params()))
             kept, ignored = self._ingest.steps(job, detector)
@@ -306,13 +308,17 @@ class Service:
             outcome = self._evict(decision_id, job, event.node, record, now)
             self.metrics.decision_seconds.observe(max(0.0, self.clock() - event.ts))
             return {"id": decision_id, "action": "evict", "outcome": outcome}
-        if decision.action == "wait":
+        if decision.action == "wait" or decision.on_hold:
             waiting = self._waiting(job)
             if waiting:  # one waiting decision per job; its clock (max_wait_s) is not reset
                 return {"id": waiting, "action": "wait", "reasons": ["still waiting"]}
-            self.state.save_decision(decision_id, {**record, "state": "waiting"})
+            # On hold (a pause, the breaker): acted on in the first cycle after they lift.
+            for_what = {"waiting_for": "resume"} if decision.on_hold else {}
+            self.state.save_decision(decision_id, {**record, **for_what, "state": "waiting"})
             self.state.update_job(job.job_id, waiting=decision_id, waiting_since=f"{now:.3f}")
-            return {"id": decision_id, "action": "wait"}
+            if decision.on_hold:
+                self._annotate(job, mark, policy)
+            return {"id": decision_id, "action": "wait", "reasons": decision.reasons}
         self.state.save_decision(decision_id, {**record, "state": "recorded"})
         if decision.action == "annotate":
             self._annotate(job, mark, policy)
@@ -398,8 +404,13 @@ class Service:
         rec = self.state.decision(decision_id)
         ctx = self._context(job)
         policy = self.policy_for(job)
-        checkpointed = (ctx.last_checkpoint_ts or 0) >= (ctx.waiting_since or now)
-        expired = now - (ctx.waiting_since or now) >= policy.actions.max_wait_s
+        if rec.get("waiting_for") == "resume":  # held back by a pause or the breaker
+            if self.state.paused() is not None or self.state.breaker() is not None:
+                return
+            checkpointed, expired = False, True
+        else:
+            checkpointed = (ctx.last_checkpoint_ts or 0) >= (ctx.waiting_since or now)
+            expired = now - (ctx.waiting_since or now) >= policy.actions.max_wait_s
         if not (checkpointed or expired):
             return
         event = StragglerEvent(
@@ -432,7 +443,11 @@ class Service:
             )
             self.state.update_job(job.job_id, waiting="", waiting_since="")
             return
-        after = "checkpoint" if checkpointed else "max wait"
+        after = (
+            "resume"
+            if rec.get("waiting_for") == "resume"
+            else ("checkpoint" if checkpointed else "max wait")
+        )
         outcome = self._evict(decision_id, job, event.node, {"after": after}, now)
         report.decisions.append({"id": decision_id, "action": "evict", "outcome": outcome})
 

@@ -399,3 +399,28 @@ def test_quiet_nodes_heal_with_time(make_loop: Callable[..., Loop]) -> None:
     forgiven = [e for e in loop.state.audit() if e.get("action") == "forgive"]
     assert sorted(e["node"] for e in forgiven) == ["node3", "node4"]
     assert {e["by"] for e in forgiven} == {"time"}
+
+
+def test_a_straggler_found_during_a_pause_is_acted_on_after_it(
+    make_loop: Callable[..., Loop],
+) -> None:
+    """Issue 13 item 8: while paused the straggler is held back (one waiting decision, no
+    Slurm change); after `resume` it is evicted in the next cycle, still slow."""
+    clock = FakeClock()
+    slurm = FakeScheduler([running_job(clock)], NODES)
+    loop = make_loop(slurm, clock, "a")
+    loop.state.pause(3600)
+    for cycle in range(40):
+        _run(loop, cycle * 10, 1, {"node3": 2.0})
+        if loop.state.job_decisions("5"):
+            break
+    _run(loop, 400, 5, {"node3": 2.0})
+    (held,) = loop.state.job_decisions("5")
+    assert (held["state"], held["waiting_for"]) == ("waiting", "resume")
+    assert "service paused by an admin" in held["reasons"]
+    assert [c[0] for c in slurm.changes] == ["annotate"]
+    loop.state.resume()
+    _run(loop, 450, 1, {"node3": 2.0})
+    (done,) = loop.state.job_decisions("5")
+    assert (done["state"], done["after"]) == ("verified", "resume")
+    assert [c[0] for c in slurm.changes][1:] == ["requeue_hold", "set_excluded", "release"]

@@ -50,7 +50,7 @@ def test_faulty_gpu_drains_node3_and_the_job_runs_elsewhere(
     check = json.loads(client.hget("stg:node:node1", "last_check") or "{}")
     assert check["exit_code"] == 0
     meta = client.hgetall(f"stg:job:{{{job}}}:meta")
-    assert meta["policy"] == "observe"
+    assert meta["policy"] == ""  # no explicit choice: the service resolves comment, then default
     assert meta["user"] == "root"
     assert elapsed < 60
 

@@ -153,7 +153,8 @@ def test_breaker_and_pause_stop_actions(
     env: dict[str, str],
     service: subprocess.Popen[bytes],
 ) -> None:
-    """With the circuit breaker open nothing is evicted; status says so and how to resume."""
+    """With the circuit breaker open nothing is evicted; status says so and how to resume;
+    after `straggler resume` the straggler still there is evicted in the next cycles."""
     state.open_breaker("test: 9 straggler nodes within 600 s")
     state.pause(600)
     out = subprocess.run(
@@ -180,6 +181,14 @@ def test_breaker_and_pause_stop_actions(
     )
     assert state.breaker() is None
     assert state.paused() is None
+    # The straggler found while actions were held back is acted on once they are lifted.
+    wait_for(
+        lambda: _decisions(state, job)[decision["id"]].get("state") == "verified",
+        90,
+        "the held-back eviction to be done after resume",
+    )
+    assert _decisions(state, job)[decision["id"]]["after"] == "resume"
+    assert slurm.job(job)["Restarts"] == "1"
 
 
 def test_restarted_service_releases_a_job_held_mid_eviction(
@@ -224,14 +233,11 @@ def test_restarted_service_releases_a_job_held_mid_eviction(
 
 
 def test_persistent_node_is_drained_and_forgiven(
-    slurm: Slurm,
-    job_dir: Path,
-    state: ServiceState,
-    env: dict[str, str],
-    service: subprocess.Popen[bytes],
+    slurm: Slurm, job_dir: Path, state: ServiceState, env: dict[str, str], tmp_path: Path
 ) -> None:
-    """Slow in a second job under evict-aggressive: node3 is drained with our reason;
-    `node forgive` resumes it; a node drained by hand is left alone."""
+    """Slow in a second job on a cluster whose rails (the default policy) drain persistent
+    stragglers: node3 is drained with our reason; `node forgive` resumes it; a node drained
+    by hand is left alone."""
     state.save_node_history(
         NodeHistory(
             "node3",
@@ -249,9 +255,23 @@ def test_persistent_node_is_drained_and_forgiven(
     (Path(env["STRAGGLER_POLICY_DIR"]) / "lab.toml").write_text(text)
     job = _submit(slurm, job_dir, "lab")
     slurm.wait_job(job, "RUNNING")
-    wait_for(
-        lambda: slurm.node_state("node3") in {"drained", "draining"}, 90, "node3 to be drained"
-    )
+    with (tmp_path / "service.log").open("wb") as log:
+        service = subprocess.Popen(
+            [sys.executable, "-m", "slurm_plugin.cli.main", "--log-level", "info", "serve"],
+            cwd=REPO,
+            env={**env, "STRAGGLER_DEFAULT_POLICY": "lab"},  # the cluster's rails drain
+            stdout=log,
+            stderr=log,
+        )
+        try:
+            wait_for(
+                lambda: slurm.node_state("node3") in {"drained", "draining"},
+                90,
+                "node3 to be drained",
+            )
+        finally:
+            service.kill()
+            service.wait()
     reason = slurm.node("node3")["Reason"]
     assert reason.startswith("straggler: persistent")
     assert marks.is_ours(reason)
