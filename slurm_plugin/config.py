@@ -141,6 +141,11 @@ class Settings(BaseSettings):
         default=Path("/var/lib/slurm-straggler"),
         description="Where the prolog keeps counters between checks.",
     )
+    health_kmsg_path: Path | None = Field(
+        default=Path("/dev/kmsg"),
+        description="Kernel log read for the driver's 'NVRM: Xid' lines since the last check "
+        "(NVML shows a new process no XID that happened before it started); None: off.",
+    )
     health_gpu: Literal["auto", "off"] = Field(
         default="auto", description="auto: check GPUs when NVML is present; off: never."
     )

@@ -48,6 +48,7 @@ class FakeGpu:
     pcie_gen: int = 5
     pcie_gen_max: int = 5
     pcie_width: int = 16
+    pci_bus_id: str = ""  # FakeNvml numbers them 00000000:18:00.0, 19, ... when empty
     pcie_width_max: int = 16
     nvlinks: list[bool] = field(default_factory=lambda: [True] * 18)
     recovery_action: int = 0
@@ -59,6 +60,7 @@ class FakeGpu:
 class _Event:
     device: FakeGpu
     eventData: int  # noqa: N815 - pynvml's attribute name
+    seq: int = 0
 
 
 class FakeNvml:
@@ -70,11 +72,18 @@ class FakeNvml:
         self.gpus = gpus if gpus is not None else [FakeGpu(uuid=f"GPU-{i}") for i in range(8)]
         self.fail_init = fail_init
         self._events: deque[_Event] = deque()
+        self._seq = 0
+        self._registered: dict[int, int] = {}  # id(gpu) -> event count at registration
         self.initialised = False
+        for index, gpu in enumerate(self.gpus):
+            gpu.pci_bus_id = gpu.pci_bus_id or f"00000000:{0x18 + index:02X}:00.0"
 
     def inject_xid(self, index: int, xid: int) -> None:
-        """Queue an XID critical-error event on GPU ``index``."""
-        self._events.append(_Event(self.gpus[index], xid))
+        """An XID critical error happens on GPU ``index`` now. As with real NVML, only event
+        sets registered before it see it: a process that registers later never does (read the
+        kernel log for those, ``health/kmsg.py``)."""
+        self._seq += 1
+        self._events.append(_Event(self.gpus[index], xid, self._seq))
 
     def _check(self, gpu: FakeGpu, what: str) -> None:
         if what in gpu.unsupported:
@@ -173,11 +182,19 @@ class FakeNvml:
 
     def nvmlDeviceRegisterEvents(self, gpu: FakeGpu, _types: int, _set: Any) -> None:  # noqa: N802
         self._check(gpu, "events")
+        self._registered[id(gpu)] = self._seq
 
     def nvmlEventSetWait_v2(self, _set: Any, _timeout_ms: int) -> _Event:  # noqa: N802
-        if not self._events:
-            raise FakeNvmlError("Timeout")
-        return self._events.popleft()
+        while self._events:
+            event = self._events.popleft()
+            since = self._registered.get(id(event.device))
+            if since is not None and event.seq > since:
+                return event
+        raise FakeNvmlError("Timeout")
+
+    def nvmlDeviceGetPciInfo(self, gpu: FakeGpu) -> SimpleNamespace:  # noqa: N802
+        self._check(gpu, "pci_info")
+        return SimpleNamespace(busId=gpu.pci_bus_id)
 
     def nvmlEventSetFree(self, _set: Any) -> None:  # noqa: N802
         return None
@@ -185,8 +202,9 @@ class FakeNvml:
 
 def fake_nvml_from_spec(path: Path, node: str) -> FakeNvml:
     """A FakeNvml for ``node`` from a JSON spec ``{"default": {"gpus": 8}, "nodes": {"node3":
-    {"faults": {"2": {"ecc_uncorrected_volatile": 3}}, "xids": {"1": [79]}}}}``: ``gpus``
-    GPUs with FakeGpu defaults, then per-GPU fields overridden by ``faults``."""
+    {"faults": {"2": {"ecc_uncorrected_volatile": 3}}}}}``: ``gpus`` GPUs with FakeGpu
+    defaults, then per-GPU fields overridden by ``faults``. XIDs of earlier jobs are not NVML
+    events a new process can see: write them as kernel log lines (``health_kmsg_path``)."""
     spec = json.loads(path.read_text())
     entry = {**spec.get("default", {}), **spec.get("nodes", {}).get(node, {})}
     gpus = [FakeGpu(uuid=f"GPU-{node}-{i}") for i in range(int(entry.get("gpus", 8)))]
@@ -195,11 +213,7 @@ def fake_nvml_from_spec(path: Path, node: str) -> FakeNvml:
             if not hasattr(gpus[int(index)], name):
                 raise ValueError(f"{path}: unknown fake GPU field {name!r}")
             setattr(gpus[int(index)], name, value)
-    nvml = FakeNvml(gpus, fail_init=bool(entry.get("fail_init", False)))
-    for index, xids in entry.get("xids", {}).items():
-        for xid in xids:
-            nvml.inject_xid(int(index), int(xid))
-    return nvml
+    return FakeNvml(gpus, fail_init=bool(entry.get("fail_init", False)))
 
 
 IB_COUNTERS = (

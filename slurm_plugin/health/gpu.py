@@ -86,6 +86,7 @@ class GpuSample:
     nvlinks_up: int | None = None
     nvlinks_down: int | None = None
     recovery_action: int | None = None
+    pci_bus_id: str = ""  # NVML's "00000000:3B:00.0": matches the kernel log's XID lines
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -159,6 +160,7 @@ class NvmlProbe:
             power_mw = self._maybe("nvmlDeviceGetPowerUsage", handle)
             uuid = self._maybe("nvmlDeviceGetUUID", handle)
             name = self._maybe("nvmlDeviceGetName", handle)
+            pci = self._maybe("nvmlDeviceGetPciInfo", handle)
             samples.append(
                 GpuSample(
                     index=index,
@@ -186,6 +188,7 @@ class NvmlProbe:
                     ),
                     **self._memory_health(handle),
                     **self._links(handle),
+                    pci_bus_id=_text(getattr(pci, "busId", "")) if pci is not None else "",
                 )
             )
         return samples

@@ -13,9 +13,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
@@ -30,6 +30,7 @@ from slurm_plugin.health.checks import (
 )
 from slurm_plugin.health.fabric import count_hcas, read_ports
 from slurm_plugin.health.gpu import GpuSample, NvmlProbe, NvmlUnavailableError
+from slurm_plugin.health.kmsg import new_xids, pci_key
 
 log = structlog.get_logger(__name__)
 NvmlFactory = Callable[[], Any]
@@ -157,9 +158,40 @@ def _gpu_findings(
         min_sm_clock_max_mhz=settings.health_min_sm_clock_max_mhz,
         critical_xids=frozenset(settings.health_critical_xids),
     )
+    samples = _with_kernel_xids(settings, samples, thresholds, result)
     result.findings += check_gpus(samples, thresholds)
     result.gpus = [g.to_dict() for g in samples]
     return samples
+
+
+def _with_kernel_xids(
+    settings: Settings, samples: list[GpuSample], thresholds: GpuThresholds, result: HookResult
+) -> list[GpuSample]:
+    """Add the XIDs the driver logged since the last check (prolog or epilog) to the GPUs they
+    name by PCI address; one on a GPU NVML does not list is a finding of its own."""
+    if settings.health_kmsg_path is None:
+        return samples
+    state_path = settings.health_state_dir / "kmsg.json"
+    after = _load_state(state_path).get("seq", -1)
+    try:
+        xids, newest = new_xids(settings.health_kmsg_path, after if isinstance(after, int) else -1)
+    except OSError as exc:
+        result.problems.append(f"kernel log unreadable, its XIDs skipped: {exc.strerror or exc}")
+        return samples
+    _save_state(state_path, {"seq": newest}, result.problems)
+    by_pci = {pci_key(g.pci_bus_id): g.index for g in samples if g.pci_bus_id}
+    extra: dict[int, list[int]] = {}
+    for x in xids:
+        index = by_pci.get(x.pci)
+        if index is not None:
+            extra.setdefault(index, []).append(x.xid)
+            continue
+        severity: Literal["drain", "warn"] = (
+            "drain" if x.xid in thresholds.critical_xids else "warn"
+        )
+        where = "{:04x}:{:02x}:{:02x}".format(*x.pci)
+        result.findings.append(Finding("xid", severity, f"XID {x.xid} on PCI {where}"))
+    return [replace(g, xids=[*g.xids, *extra[g.index]]) if g.index in extra else g for g in samples]
 
 
 def _fabric_findings(settings: Settings, result: HookResult) -> None:

@@ -13,6 +13,7 @@ from slurm_plugin.health.checks import GpuThresholds, check_fabric, check_gpus, 
 from slurm_plugin.health.fabric import count_hcas, read_ports
 from slurm_plugin.health.gpu import NvmlProbe
 from slurm_plugin.health.hook import probe_gpus, run_epilog, run_prolog
+from slurm_plugin.health.kmsg import new_xids, parse_records, pci_key
 from slurm_plugin.testing import FakeGpu, FakeNvml, build_ib_tree
 
 
@@ -50,9 +51,11 @@ def test_each_gpu_finding_has_its_verdict(fields: dict[str, object], expected: l
 def test_xids_count_and_critical() -> None:
     """Critical XIDs drain, others warn; a missing GPU drains."""
     nvml = FakeNvml([FakeGpu(), FakeGpu()])
+    nvml.inject_xid(0, 48)  # before the probe registered: real NVML never shows it
+    probe = NvmlProbe(nvml)
     nvml.inject_xid(0, 79)
     nvml.inject_xid(1, 13)
-    findings = check_gpus(NvmlProbe(nvml).sample(), GpuThresholds(expected_count=3))
+    findings = check_gpus(probe.sample(), GpuThresholds(expected_count=3))
     assert [(f.check, f.severity, f.device) for f in findings] == [
         ("gpu_count", "drain", ""),
         ("xid", "drain", "gpu0"),
@@ -106,7 +109,10 @@ def _settings(tmp_path: Path, spec: dict[str, object], **extra: object) -> Setti
         health_expected_hcas=8,
         health_expected_ib_rate_gbps=400,
         redis_url="redis://127.0.0.1:1/0",
+        health_kmsg_path=tmp_path / "kmsg",
     )
+    if not (tmp_path / "kmsg").exists():
+        (tmp_path / "kmsg").write_text("")
     return settings.model_copy(update=extra)
 
 
@@ -146,3 +152,53 @@ def test_epilog_drains_on_new_ecc_errors_only(tmp_path: Path) -> None:
     result = run_epilog({"SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "3"}, settings)
     assert result.exit_code == 1
     assert result.summary() == "ecc: gpu1: +4 uncorrectable ECC errors during the job"
+
+
+KMSG = [
+    "6,100,1000,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module",
+    "4,101,2000,-;NVRM: Xid (PCI:0000:19:00): 79, pid=4242, GPU has fallen off the bus.",
+    "4,102,3000,-;NVRM: Xid (PCI:0000:7f:00): 13, pid=1, Graphics Exception",
+]
+
+
+def test_kernel_log_xids_are_seen_once_and_mapped_by_pci(tmp_path: Path) -> None:
+    """Issue 13 item 9: an XID of the previous job is in the kernel log, not in NVML's events
+    for a new process: the prolog reads it there, maps it to gpu1 by PCI address (critical:
+    drain), reports one on a PCI address NVML does not list, and the next check does not see
+    them again."""
+    settings = _settings(tmp_path, {"default": {"gpus": 8}})
+    (tmp_path / "kmsg").write_text("\n".join(KMSG) + "\n")
+    first = run_prolog({"SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "9"}, settings)
+    assert first.exit_code == 1
+    assert [(f.check, f.severity, f.device, f.message) for f in first.findings] == [
+        ("xid", "warn", "", "XID 13 on PCI 0000:7f:00"),
+        ("xid", "drain", "gpu1", "critical XID [79]"),
+    ]
+    again = run_prolog({"SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "10"}, settings)
+    assert again.exit_code == 0
+    with (tmp_path / "kmsg").open("a") as log:
+        log.write("4,103,4000,-;NVRM: Xid (PCI:0000:1a:00): 48, pid=7, DBE\n")
+    after = run_epilog({"SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "10"}, settings)
+    assert after.summary() == "xid: gpu2: critical XID [48]"
+
+
+def test_kernel_log_parsing() -> None:
+    """Records with and without the /dev/kmsg header; NVML and kernel PCI forms agree; a log
+    that restarted (reboot) counts again from its start."""
+    xids = parse_records([*KMSG, "NVRM: Xid (PCI:3b:00): 94, pid=1, Contained ECC error"])
+    assert [(x.seq, x.pci, x.xid) for x in xids] == [
+        (101, (0, 0x19, 0), 79),
+        (102, (0, 0x7F, 0), 13),
+        (3, (0, 0x3B, 0), 94),
+    ]
+    assert pci_key("00000000:19:00.0") == pci_key("0000:19:00") == (0, 0x19, 0)
+    assert pci_key("garbage") is None
+
+
+def test_new_xids_since_a_sequence_number(tmp_path: Path) -> None:
+    """Only records after the last one seen; a lower newest sequence means a reboot."""
+    log = tmp_path / "kmsg"
+    log.write_text("\n".join(KMSG) + "\n")
+    assert [x.xid for x in new_xids(log, -1)[0]] == [79, 13]
+    assert new_xids(log, 101) == ([new_xids(log, -1)[0][1]], 102)
+    assert [x.xid for x in new_xids(log, 5000)[0]] == [79, 13]  # the log restarted

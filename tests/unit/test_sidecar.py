@@ -33,11 +33,11 @@ def test_sidecar_sample_decodes_throttling_and_xids(tmp_path: Path) -> None:
             FakeGpu(uuid="GPU-b", sm_clock_mhz=1410, throttle_mask=0x8 | 0x20, power_mw=650_500),
         ]
     )
-    nvml.inject_xid(1, 79)
-    nvml.inject_xid(1, 48)
     car = Sidecar(
         _store(), "node3", job_id="55", nvml=nvml, proc_root=tmp_path, clock=lambda: 1700000000.0
     )
+    nvml.inject_xid(1, 79)  # after the sidecar registered for events, as with real NVML
+    nvml.inject_xid(1, 48)
     sample = car.sample()
     assert sample["node"] == "node3"
     assert sample["ts"] == 1700000000.0
