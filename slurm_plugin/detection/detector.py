@@ -176,6 +176,10 @@ class Detector:
             state.detector = None
             state.last_step = -1
             state.rank_last_step.clear()
+            # A restarted job runs on other nodes: ranks are bound to nodes anew, so a
+            # straggler is attributed to its new node, never to the one just excluded.
+            state.rank_node.clear()
+            state.rank_gpu.clear()
         current = batch.attempt == state.attempt
         late = batch.step <= state.last_step
         self.late_records += int((late | ~current).sum())

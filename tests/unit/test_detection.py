@@ -21,6 +21,7 @@ from slurm_plugin.detection.params import (
     cusum_threshold,
     optimal_delay,
 )
+from slurm_plugin.telemetry.records import StepRecord
 from tests.scenarios.generator import JobSpec, drift, generate, step_change
 
 
@@ -231,3 +232,29 @@ def test_detector_never_raises_on_arbitrary_finite_input(
     det.advance()
     det.advance(final=True)
     det.check_hangs(2e9)
+
+
+def test_after_a_restart_ranks_are_bound_to_their_new_nodes() -> None:
+    """Issue 13: attempt 0 ran on node1-3 (node3 slow, excluded); attempt 1 runs on node1,
+    node2, node4 and node4 is slow: the straggler is node4, never the excluded node3."""
+
+    def attempt(number: int, nodes: list[str], slow: str, steps: range) -> RecordBatch:
+        rng = np.random.default_rng(number)
+        records = [
+            StepRecord("7", 2 * i + g, node, g, step, 1000.0 + step, 0.2,
+                       0.1 * (2.0 if node == slow else 1.0) * (1 + 0.01 * rng.normal()),
+                       0.05, 0.0, number)
+            for step in steps
+            for i, node in enumerate(nodes)
+            for g in range(2)
+        ]  # fmt: skip
+        return RecordBatch.from_records(records)
+
+    detector = Detector()
+    detector.add("7", attempt(0, ["node1", "node2", "node3"], "node3", range(60)))
+    first = [e for e in detector.advance() if isinstance(e, StragglerEvent)]
+    assert {e.node for e in first} == {"node3"}
+    detector.add("7", attempt(1, ["node1", "node2", "node4"], "node4", range(80)))
+    second = [e for e in detector.advance() if isinstance(e, StragglerEvent)]
+    assert second
+    assert {e.node for e in second} == {"node4"}
