@@ -36,6 +36,21 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None
     pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
+def wait_cycles(state: ServiceState, cycles: int = 2, timeout_s: float = 30) -> None:
+    """Wait until the service finished ``cycles`` more cycles (its heartbeat moved on that
+    often): the observable event before asserting that something did not happen."""
+    seen: list[float] = []
+
+    def moved() -> bool:
+        beat = state.last_heartbeat()
+        ts = beat.get("ts") if beat else None
+        if isinstance(ts, int | float) and (not seen or ts != seen[-1]):
+            seen.append(ts)
+        return len(seen) > cycles
+
+    wait_for(moved, timeout_s, f"{cycles} more service cycles")
+
+
 @dataclass
 class Slurm:
     """Runs Slurm's own commands against the dev cluster and cancels its jobs afterwards."""

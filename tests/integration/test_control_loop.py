@@ -31,7 +31,11 @@ NODES = [NodeInfo(f"node{i}", "idle", (), "", ("debug",)) for i in range(1, 5)]
 
 
 def running_job(
-    clock: FakeClock, job_id: str = "5", policy: str = "evict", user: str = "alice"
+    clock: FakeClock,
+    job_id: str = "5",
+    policy: str = "evict",
+    user: str = "alice",
+    nodes: tuple[str, ...] = ("node1", "node2", "node3"),
 ) -> JobInfo:
     """A requeueable 3-node job, 10 minutes into a 4-hour limit."""
     return JobInfo(
@@ -39,7 +43,7 @@ def running_job(
         name="train",
         state="RUNNING",
         reason="None",
-        nodes=("node1", "node2", "node3"),
+        nodes=nodes,
         excluded=(),
         restarts=0,
         requeue=True,
@@ -424,3 +428,64 @@ def test_a_straggler_found_during_a_pause_is_acted_on_after_it(
     (done,) = loop.state.job_decisions("5")
     assert (done["state"], done["after"]) == ("verified", "resume")
     assert [c[0] for c in slurm.changes][1:] == ["requeue_hold", "set_excluded", "release"]
+
+
+@pytest.mark.parametrize(("cluster_policy", "job_policy", "dry_run"), [
+    ("observe", "observe", False),
+    ("drainer", "drainer", True),
+])  # fmt: skip
+def test_fifty_jobs_under_observe_or_dry_run_take_nothing_out(
+    make_loop: Callable[..., Loop],
+    tmp_path: Path,
+    cluster_policy: str,
+    job_policy: str,
+    dry_run: bool,
+) -> None:
+    """Issue 13's scripted run: 50 jobs on 12 nodes, three of them slow, forged timings (ranks
+    claiming a node outside their job), a pause window and then a breaker-open window. Under
+    observe nothing but AdminComment notes reaches Slurm; in a dry run of a policy that evicts
+    and drains, nothing at all (the fake scheduler counts every call)."""
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", policies)
+    (policies / "drainer.toml").write_text(DRAINER.replace("max_requeues = 0", "max_requeues = 3"))
+    clock = FakeClock()
+    names = [f"node{i}" for i in range(1, 13)]
+    nodes = [NodeInfo(n, "idle", (), "", ("debug",)) for n in names]
+    jobs = [
+        running_job(
+            clock,
+            str(100 + j),
+            job_policy,
+            user=f"user{j % 7}",
+            nodes=tuple(names[(j + k) % 12] for k in range(3)),
+        )
+        for j in range(50)
+    ]
+    slurm = FakeScheduler(jobs, nodes)
+    loop = make_loop(
+        slurm, clock, "a", dry_run=dry_run, policy_dir=policies, default_policy=cluster_policy
+    )
+    slow = {"node3": 2.0, "node7": 1.5, "node11": 3.0}
+    for cycle in range(40):
+        if cycle == 10:
+            loop.state.pause(600)
+        if cycle == 20:
+            loop.state.resume()
+            loop.state.open_breaker("test: breaker window")
+        if cycle == 30:
+            loop.state.resume()
+        for job in jobs:
+            steps = range(cycle * 10, cycle * 10 + 10)
+            publish(loop, job, steps, slow)
+            outsider = next(n for n in names if n not in job.nodes and n not in slow)
+            forged = replace(job, nodes=(*job.nodes[:2], outsider))
+            publish(loop, forged, steps, {outsider: 4.0})
+        report = loop.service.cycle()
+        assert report.error is None, report.error
+        clock.advance(1)
+    decisions = [d for job in jobs for d in loop.state.job_decisions(job.job_id)]
+    assert decisions, "the slow nodes were detected"
+    assert {d.get("node") for d in decisions} <= {"node3", "node7", "node11"}
+    changes = {c[0] for c in slurm.changes}
+    assert changes <= ({"annotate"} if not dry_run else set())
+    assert loop.state.refusal("node11") is None

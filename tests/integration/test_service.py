@@ -14,7 +14,7 @@ from slurm_plugin.policy.history import Incident, NodeHistory
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.parsers import parse_squeue_json
-from tests.integration.conftest import Slurm, wait_for
+from tests.integration.conftest import Slurm, wait_cycles, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTILE_NAME = 'it\'s; "a" $(job) name'
@@ -129,7 +129,7 @@ def test_observe_only_annotates(
         10,
         "the job's AdminComment to carry the decision id",
     )
-    time.sleep(2)
+    wait_cycles(state)  # cycles that could have acted, and did not
     assert slurm.job(job)["Restarts"] == "0"
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.service.state import ServiceState
-from tests.integration.conftest import Slurm, install_prolog, wait_for
+from tests.integration.conftest import Slurm, install_prolog, wait_cycles, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 OPTIONS = (
@@ -110,7 +109,7 @@ def test_options_are_registered_and_bound_the_service(
         90,
         "a detection of node2 after the restart",
     )
-    time.sleep(2)
+    wait_cycles(state)  # cycles that could have evicted a second time, and did not
     evictions = [d for d in decisions() if d.get("action") == "evict"]
     assert [d["node"] for d in evictions] == ["node3"]
     second = next(d for d in decisions() if d.get("node") == "node2")
