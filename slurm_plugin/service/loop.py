@@ -104,7 +104,7 @@ class Service:
         self._ingest = Ingest(state, store, self.metrics)
         self._last_sweep = 0.0
         self._job_policy: dict[str, str] = {}
-        self._history = NodeRails(state, self.executor, dry_run=dry_run)
+        self._node_rails = NodeRails(state, self.executor, dry_run=dry_run)
 
     # -- policies ---------------------------------------------------------------------------
     def reload_policies(self) -> None:
@@ -207,7 +207,7 @@ class Service:
         for job in running.values():
             self._resume_waiting(job, nodes, now, report)
         self._explain_prolog_drains(nodes)
-        self._history.age(now, self.rails)
+        self._node_rails.age(now, self.rails)
         self.metrics.jobs.set(report.jobs)
         self.metrics.ranks.set(report.ranks)
         self.state.heartbeat(
@@ -265,7 +265,9 @@ class Service:
         gpus = [event.gpu] if event.scope == "gpu" and event.gpu is not None else []
         evidence, reported = gather_evidence(self.state, self.store, job.job_id, event.node, gpus)
         if is_slowdown(event, policy):  # speed-ups and small blips never enter node history
-            self._history.remember(event, job, self.rails, nodes, now, corroborated=bool(evidence))
+            self._node_rails.remember(
+                event, job, self.rails, nodes, now, corroborated=bool(evidence)
+            )
         decision = decide(event, job, policy, self._context(job), self._cluster(nodes, now), now)
         record = {
             **base,
