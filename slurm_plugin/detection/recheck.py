@@ -4,30 +4,40 @@ costs a requeue."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import numpy as np
 
 from slurm_plugin.telemetry.records import StepRecord
 
 
-def recent_slowdown_pct(records: Iterable[StepRecord], node: str, steps: int = 20) -> float | None:
-    """How much longer the ranks on ``node`` computed than the ranks on the other nodes, in %,
-    over the newest ``steps`` steps of the newest attempt (median of per-step ratios of
-    medians). None when those steps do not show both ``node`` and a peer."""
+def recent_slowdown_pct(
+    records: Iterable[StepRecord], node: str, ranks: Collection[int] = (), steps: int = 20
+) -> float | None:
+    """How much longer the straggling ranks (``ranks`` on ``node``; all of the node's ranks
+    when empty) computed than the ranks on other nodes, in %, over the newest ``steps`` steps
+    of the newest attempt that show both (a slow node's own reports may lag behind its peers').
+    The median over those steps of the per-step ratio of medians; None when no step shows
+    both."""
     usable = [r for r in records if r.compute_s is not None]
     if not usable:
         return None
     attempt = max(r.attempt for r in usable)
     by_step: dict[int, tuple[list[float], list[float]]] = {}
     for r in usable:
-        if r.attempt == attempt:
-            mine, peers = by_step.setdefault(r.step, ([], []))
-            (mine if r.node == node else peers).append(float(r.compute_s or 0.0))
+        if r.attempt != attempt:
+            continue
+        mine, peers = by_step.setdefault(r.step, ([], []))
+        if r.node != node:
+            peers.append(float(r.compute_s or 0.0))
+        elif not ranks or r.rank in ranks:
+            mine.append(float(r.compute_s or 0.0))
     ratios = []
-    for step in sorted(by_step)[-steps:]:
+    for step in sorted(by_step, reverse=True):
         mine, peers = by_step[step]
         peer = float(np.median(peers)) if peers else 0.0
         if mine and peer > 0:
             ratios.append(float(np.median(mine)) / peer)
+            if len(ratios) == steps:
+                break
     return (float(np.median(ratios)) - 1.0) * 100.0 if ratios else None

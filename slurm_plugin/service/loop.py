@@ -7,11 +7,12 @@ context and the next one runs anyway.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -43,10 +44,6 @@ from slurm_plugin.telemetry import credentials
 from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)
-#: A prolog finding explains a "Prolog error" drain when written at most this long before Slurm
-#: set the reason (the prolog's own time budget is far shorter), or _CLOCK_SLACK_S after it.
-_PROLOG_MATCH_S = 300.0
-_CLOCK_SLACK_S = 30.0
 
 
 @dataclass
@@ -206,7 +203,7 @@ class Service:
                 report.decisions.append(self._handle(event, target, nodes, now))
         for job in running.values():
             self._resume_waiting(job, nodes, now, report)
-        self._explain_prolog_drains(nodes)
+        self._node_rails.explain_prolog_drains(nodes)
         self._node_rails.age(now, self.rails)
         self.metrics.jobs.set(report.jobs)
         self.metrics.ranks.set(report.ranks)
@@ -300,7 +297,7 @@ class Service:
         if decision.action == "evict" and self._evicting(job.job_id):
             decision = replace(decision, action="none", reasons=["an eviction is in progress"])
         if decision.action == "evict":
-            recovered = self._recovered(job, event.node, policy)
+            recovered = self._recovered(job, event.node, policy, event.ranks)
             if recovered:
                 decision = replace(decision, action="none", reasons=[recovered])
                 record.update(decision="none", reasons=decision.reasons)
@@ -363,15 +360,18 @@ class Service:
             )
         self.state.update_job(job.job_id, waiting="", waiting_since="")
 
-    def _recovered(self, job: JobInfo, node: str, policy: Policy) -> str | None:
-        """Why ``node`` no longer needs evicting (its newest steps are not slower than its
-        peers by the policy's minimum, or show nothing), or None when it is still slow."""
+    def _recovered(
+        self, job: JobInfo, node: str, policy: Policy, ranks: Sequence[int] = ()
+    ) -> str | None:
+        """Why ``node`` no longer needs evicting (its straggling ``ranks`` are, in the newest
+        steps, not slower than the other nodes' ranks by the policy's minimum, or show
+        nothing), or None when it is still slow."""
         records = [
             r
             for r in self.store.latest_steps(job.job_id)
             if r.node in job.nodes and r.attempt == job.restarts
         ]
-        slowdown = recent_slowdown_pct(records, node)
+        slowdown = recent_slowdown_pct(records, node, ranks)
         minimum = policy.detection.min_slowdown_pct
         if slowdown is None:
             return f"recovered, not evicted: no recent steps of {node} to confirm the slowdown"
@@ -437,7 +437,7 @@ class Service:
         )
         reasons = again.reasons
         if again.action == "evict":
-            recovered = self._recovered(job, event.node, policy)
+            recovered = self._recovered(job, event.node, policy, _ranks(rec.get("ranks")))
             reasons = [recovered] if recovered else reasons
         if again.action != "evict" or reasons != again.reasons:
             self.state.save_decision(
@@ -452,33 +452,6 @@ class Service:
         )
         outcome = self._evict(decision_id, job, event.node, {"after": after}, now)
         report.decisions.append({"id": decision_id, "action": "evict", "outcome": outcome})
-
-    def _explain_prolog_drains(self, nodes: tuple[NodeInfo, ...]) -> None:
-        """Nodes Slurm drained because our prolog failed get the prolog's finding as reason,
-        only when the finding is from the prolog run that caused the drain (written within
-        ``_PROLOG_MATCH_S`` before Slurm set the reason); a stale finding is dropped."""
-        if self.dry_run:
-            return
-        for node in nodes:
-            if not (node.drained and node.reason.startswith("Prolog error")):
-                continue
-            found = self.state.prolog_finding(node.name)
-            if found is None:
-                continue
-            finding, written = found
-            if (
-                node.reason_time is None
-                or written is None
-                or not (-_PROLOG_MATCH_S <= written - node.reason_time <= _CLOCK_SLACK_S)
-            ):
-                log.info("service.prolog_finding_unmatched", node=node.name, finding=finding)
-                self.state.clear_prolog_finding(node.name)
-                continue
-            decision_id = marks.new_decision_id()
-            reason = marks.reason("prolog", finding, decision_id)
-            self.executor.drain(decision_id, node.name, reason, {"was": node.reason})
-            self.state.clear_prolog_finding(node.name)
-            log.warning("service.prolog_drain_explained", node=node.name, reason=reason)
 
     def _annotate(self, job: JobInfo, text: str, policy: Policy) -> None:
         if self.dry_run or policy.actions.mode == "off" or policy.actions.notify != "comment":
@@ -506,6 +479,15 @@ class Service:
             )
             if once or stop.wait(self.settings.service_interval_s):
                 return
+
+
+def _ranks(text: str | None) -> list[int]:
+    """The straggling ranks a decision recorded (a JSON list), or [] when unreadable."""
+    try:
+        ranks = json.loads(text or "[]")
+    except ValueError:
+        return []
+    return [r for r in ranks if isinstance(r, int)] if isinstance(ranks, list) else []
 
 
 def _round(value: float | None) -> float | None:

@@ -1,6 +1,6 @@
-"""What a straggler event does to the shared node state: node history (incidents, persistence),
-the circuit breaker (too many straggler nodes at once), and the drain of a persistent straggler
-within the partition drain limit."""
+"""The service's rails around nodes: node history (incidents, persistence, healing with time),
+the circuit breaker (too many straggler nodes at once), the drain of a persistent straggler
+within the partition drain limit, and our explanation of drains our prolog caused."""
 
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.model import JobInfo, NodeInfo
 
 log = structlog.get_logger(__name__)
+#: A prolog finding explains a "Prolog error" drain when written at most this long before Slurm
+#: set the reason (the prolog's own time budget is far shorter), or _CLOCK_SLACK_S after it.
+_PROLOG_MATCH_S = 300.0
+_CLOCK_SLACK_S = 30.0
 
 
 class NodeRails:
@@ -116,3 +120,30 @@ class NodeRails:
             == "verified"
         ):
             self.state.refuse(event.node, decision_id, reason)
+
+    def explain_prolog_drains(self, nodes: tuple[NodeInfo, ...]) -> None:
+        """Nodes Slurm drained because our prolog failed get the prolog's finding as reason,
+        only when the finding is from the prolog run that caused the drain (written within
+        ``_PROLOG_MATCH_S`` before Slurm set the reason); a stale finding is dropped."""
+        if self.dry_run:
+            return
+        for node in nodes:
+            if not (node.drained and node.reason.startswith("Prolog error")):
+                continue
+            found = self.state.prolog_finding(node.name)
+            if found is None:
+                continue
+            finding, written = found
+            if (
+                node.reason_time is None
+                or written is None
+                or not (-_PROLOG_MATCH_S <= written - node.reason_time <= _CLOCK_SLACK_S)
+            ):
+                log.info("service.prolog_finding_unmatched", node=node.name, finding=finding)
+                self.state.clear_prolog_finding(node.name)
+                continue
+            decision_id = marks.new_decision_id()
+            reason = marks.reason("prolog", finding, decision_id)
+            self.executor.drain(decision_id, node.name, reason, {"was": node.reason})
+            self.state.clear_prolog_finding(node.name)
+            log.warning("service.prolog_drain_explained", node=node.name, reason=reason)

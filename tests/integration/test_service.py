@@ -181,14 +181,20 @@ def test_breaker_and_pause_stop_actions(
     )
     assert state.breaker() is None
     assert state.paused() is None
-    # The straggler found while actions were held back is acted on once they are lifted.
-    wait_for(
-        lambda: _decisions(state, job)[decision["id"]].get("state") == "verified",
-        90,
-        "the held-back eviction to be done after resume",
-    )
-    assert _decisions(state, job)[decision["id"]]["after"] == "resume"
-    assert slurm.job(job)["Restarts"] == "1"
+    # The straggler found while actions were held back is acted on once they are lifted: the
+    # held-back decision itself when the switches were its only blockers, else a new one.
+    wait_for(lambda: slurm.job(job)["Restarts"] == "1", 90, "the eviction after resume")
+    held_back = set(json.loads(decision["reasons"])) <= {
+        "service paused by an admin",
+        "circuit breaker open: too many straggler nodes at once",
+    }
+    if held_back:
+        wait_for(
+            lambda: _decisions(state, job)[decision["id"]].get("state") == "verified",
+            30,
+            "the held-back decision to be verified",
+        )
+        assert _decisions(state, job)[decision["id"]]["after"] == "resume"
 
 
 def test_restarted_service_releases_a_job_held_mid_eviction(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from slurm_plugin.detection.recheck import recent_slowdown_pct
@@ -36,3 +38,15 @@ def test_only_the_newest_attempt_and_nothing_to_compare() -> None:
     assert recent_slowdown_pct(new, "node9") is None
     assert recent_slowdown_pct([r for r in new if r.node == "node3"], "node3") is None
     assert recent_slowdown_pct([], "node3") is None
+
+
+def test_a_slow_nodes_lagging_reports_and_one_slow_gpu() -> None:
+    """A slow node's own reports lag its peers' (its flusher is slowed too): the newest steps
+    that show both count. One slow GPU among a node's ranks is measured through its rank."""
+    records = _records(dict.fromkeys(range(100), 3.0), range(100))
+    lagging = [r for r in records if not (r.node == "node3" and r.step >= 80)]
+    assert recent_slowdown_pct(lagging, "node3") == pytest.approx(200.0)
+    one_gpu = [*records, *(replace(r, rank=9, gpu=1) for r in records if r.node == "node3")]
+    one_gpu = [replace(r, compute_s=0.1) if r.rank == 9 else r for r in one_gpu]
+    assert recent_slowdown_pct(one_gpu, "node3", ranks=[2]) == pytest.approx(200.0)
+    assert recent_slowdown_pct(one_gpu, "node3", ranks=[9]) == pytest.approx(0.0)
