@@ -24,7 +24,14 @@ from slurm_plugin.config import load_settings
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.service.factory import build
 from slurm_plugin.service.state import ServiceState
-from tests.integration.conftest import REPO, RedisServer, Slurm, free_port, wait_for
+from tests.integration.conftest import (
+    REPO,
+    RedisServer,
+    Slurm,
+    free_port,
+    wait_cycles,
+    wait_for,
+)
 from tests.integration.test_service import _submit
 
 WRAPPER = """#!/bin/sh
@@ -90,10 +97,10 @@ class Services:
         self.log_dir = log_dir
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self) -> subprocess.Popen[bytes]:
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
         log = (self.log_dir / f"service-{len(self.procs)}.log").open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "slurm_plugin.cli.main", "--log-level", "info", "serve"],
+            [sys.executable, "-m", "slurm_plugin.cli.main", "--log-level", "info", "serve", *args],
             cwd=REPO,
             env=self.env,
             stdout=log,
@@ -297,3 +304,41 @@ def test_redis_restarted_in_the_middle_of_an_eviction(
     st = build(load_settings(redis_url=aof_redis.url))[1]
     assert_clean_outcome(slurm, st, job, faults)
     assert service.poll() is None, "the service died with Redis"
+
+
+@pytest.mark.parametrize(("policy", "args"), [("observe", ()), ("evict", ("--dry-run",))])
+def test_observe_and_dry_run_change_nothing_on_the_cluster(
+    slurm: Slurm,
+    job_dir: Path,
+    state: ServiceState,
+    services: Services,
+    faults: Faults,
+    policy: str,
+    args: tuple[str, ...],
+) -> None:
+    """Issue 13 on the real cluster: a job with a slow node under observe, and one under evict
+    with the service in --dry-run, through a pause window and after it: the scontrol wrapper
+    sees no requeuehold, requeue, release, ExcNodeList or node update; under observe only
+    AdminComment notes, in the dry run no change at all."""
+    faults.arm("no-such-command", "after", "true")  # the wrapper only counts
+    services.start(*args)
+    job = _submit(slurm, job_dir, policy)
+    slurm.wait_job(job, "RUNNING")
+    wait_for(lambda: bool(state.job_decisions(job)), 90, "a decision about node3")
+    state.pause(600)
+    wait_cycles(state, 3)
+    state.resume()
+    wait_cycles(state, 3)
+    log = faults.directory / "calls.log"
+    calls = log.read_text().splitlines() if log.exists() else []
+    changing = [
+        c
+        for c in calls
+        if c.split()[:1] in (["requeuehold"], ["requeue"], ["release"], ["hold"])
+        or "ExcNodeList=" in c
+        or "NodeName=" in c
+    ]
+    assert changing == []
+    notes = [c for c in calls if "AdminComment=" in c]
+    assert bool(notes) == (policy == "observe"), notes
+    assert slurm.job(job)["Restarts"] == "0"
