@@ -75,30 +75,29 @@ class NodeRails:
     ) -> None:
         """Node history, persistent-straggler drain and the circuit breaker, under the cluster
         policy's rails (never the job's own policy: one job must not set what all share)."""
-        policy = rails
         transition = record_incident(
             self.state.node_history(event.node),
             Incident(job.job_id, now, event.slowdown_pct, event.cause, job.user, corroborated),
-            policy.persistence.params(),
-            distinct_users=policy.persistence.distinct_users,
+            rails.persistence.params(),
+            distinct_users=rails.persistence.distinct_users,
         )
         self.state.save_node_history(transition.history)
         if event.cause == "compute":
-            window = policy.safety.breaker_window_s
+            window = rails.safety.breaker_window_s
             self.flagged = [(t, n) for t, n in self.flagged if now - t < window]
             self.flagged.append((now, event.node))
             distinct = {n for _, n in self.flagged}
-            if len(distinct) > policy.safety.breaker_max_nodes and self.state.breaker() is None:
+            if len(distinct) > rails.safety.breaker_max_nodes and self.state.breaker() is None:
                 why = (
                     f"{len(distinct)} straggler nodes within {window:.0f} s (max "
-                    f"{policy.safety.breaker_max_nodes}); `straggler resume` to act again"
+                    f"{rails.safety.breaker_max_nodes}); `straggler resume` to act again"
                 )
                 self.state.open_breaker(why)
                 log.error("service.breaker_open", why=why)
         if not (
             transition.became_persistent
-            and policy.actions.drain_persistent
-            and policy.actions.mode == "evict"
+            and rails.actions.drain_persistent
+            and rails.actions.mode == "evict"
         ):
             return
         if self.dry_run or self.state.paused() or self.state.breaker():
@@ -108,7 +107,7 @@ class NodeRails:
             return
         members = [n for n in nodes if set(n.partitions) & set(node.partitions)]
         drained = sum(1 for n in members if not n.usable)
-        if (drained + 1) / max(1, len(members)) > policy.safety.max_partition_drained_fraction:
+        if (drained + 1) / max(1, len(members)) > rails.safety.max_partition_drained_fraction:
             log.warning(
                 "service.drain_refused", node=event.node, reason="partition drain limit reached"
             )
