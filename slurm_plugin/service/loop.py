@@ -310,6 +310,7 @@ class Service:
         if decision.action == "wait" or decision.on_hold:
             waiting = self._waiting(job)
             if waiting:  # one waiting decision per job; its clock (max_wait_s) is not reset
+                self._add_candidate(waiting, event)
                 return {"id": waiting, "action": "wait", "reasons": ["still waiting"]}
             # On hold (a pause, the breaker): acted on in the first cycle after they lift.
             for_what = {"waiting_for": "resume"} if decision.on_hold else {}
@@ -366,12 +367,7 @@ class Service:
         """Why ``node`` no longer needs evicting (its straggling ``ranks`` are, in the newest
         steps, not slower than the other nodes' ranks by the policy's minimum, or show
         nothing), or None when it is still slow."""
-        records = [
-            r
-            for r in self.store.latest_steps(job.job_id)
-            if r.node in job.nodes and r.attempt == job.restarts
-        ]
-        slowdown = recent_slowdown_pct(records, node, ranks)
+        slowdown = self._recent_slowdown(job, node, ranks)
         minimum = policy.detection.min_slowdown_pct
         if slowdown is None:
             return f"recovered, not evicted: no recent steps of {node} to confirm the slowdown"
@@ -381,6 +377,26 @@ class Service:
                 f"newest steps (minimum {minimum:g}%)"
             )
         return None
+
+    def _recent_slowdown(self, job: JobInfo, node: str, ranks: Sequence[int]) -> float | None:
+        """The straggling ranks' slowdown over the job's newest steps (its own nodes and
+        attempt only)."""
+        records = [
+            r
+            for r in self.store.latest_steps(job.job_id)
+            if r.node in job.nodes and r.attempt == job.restarts
+        ]
+        return recent_slowdown_pct(records, node, ranks)
+
+    def _add_candidate(self, waiting: str, event: StragglerEvent) -> None:
+        """A straggler seen while the job waits joins the waiting decision's candidates (two
+        nodes may be flagged in one cycle, one of them a passing blip)."""
+        rec = self.state.decision(waiting)
+        known = _candidates(rec)
+        if event.node not in {node for node, _ in known}:
+            extra = json.loads(rec.get("candidates") or "[]")
+            extra.append({"node": event.node, "ranks": event.ranks[:32]})
+            self.state.save_decision(waiting, {"candidates": extra})
 
     def _evict(
         self, decision_id: str, job: JobInfo, node: str, record: dict[str, Any], now: float
@@ -415,11 +431,18 @@ class Service:
             expired = now - (ctx.waiting_since or now) >= policy.actions.max_wait_s
         if not (checkpointed or expired):
             return
+        # Of the nodes flagged while waiting, the one slowest in the newest steps.
+        node, ranks = max(
+            _candidates(rec),
+            key=lambda c: self._recent_slowdown(job, c[0], c[1]) or float("-inf"),
+        )
+        if node != rec.get("node"):
+            self.state.save_decision(decision_id, {"node": node, "ranks": ranks})
         event = StragglerEvent(
             job_id=job.job_id,
-            node=rec.get("node", ""),
+            node=node,
             gpu=None,
-            ranks=[],
+            ranks=ranks,
             step=int(rec.get("step", "0")),
             ts=now,
             score=0.0,
@@ -437,7 +460,7 @@ class Service:
         )
         reasons = again.reasons
         if again.action == "evict":
-            recovered = self._recovered(job, event.node, policy, _ranks(rec.get("ranks")))
+            recovered = self._recovered(job, event.node, policy, event.ranks)
             reasons = [recovered] if recovered else reasons
         if again.action != "evict" or reasons != again.reasons:
             self.state.save_decision(
@@ -488,6 +511,19 @@ def _ranks(text: str | None) -> list[int]:
     except ValueError:
         return []
     return [r for r in ranks if isinstance(r, int)] if isinstance(ranks, list) else []
+
+
+def _candidates(rec: dict[str, str]) -> list[tuple[str, list[int]]]:
+    """A waiting decision's node and the nodes flagged after it, each with its ranks."""
+    found = [(rec.get("node", ""), _ranks(rec.get("ranks")))]
+    try:
+        extra = json.loads(rec.get("candidates") or "[]")
+    except ValueError:
+        extra = []
+    for item in extra if isinstance(extra, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("node"), str):
+            found.append((item["node"], _ranks(json.dumps(item.get("ranks", [])))))
+    return found
 
 
 def _round(value: float | None) -> float | None:

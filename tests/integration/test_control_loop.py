@@ -489,3 +489,40 @@ def test_fifty_jobs_under_observe_or_dry_run_take_nothing_out(
     changes = {c[0] for c in slurm.changes}
     assert changes <= ({"annotate"} if not dry_run else set())
     assert loop.state.refusal("node11") is None
+
+
+def test_the_slowest_node_flagged_while_waiting_is_the_one_evicted(
+    make_loop: Callable[..., Loop],
+) -> None:
+    """Two nodes flagged while a job waits for its checkpoint (node1 a passing blip, node3
+    slow): after the checkpoint the re-check evicts node3, not the first one flagged."""
+    clock = FakeClock()
+    slurm = FakeScheduler([running_job(clock)], NODES)
+    loop = make_loop(slurm, clock, "a")
+    loop.state.save_decision(
+        "d-00000000000a",
+        {
+            "job_id": "5",
+            "node": "node1",
+            "ranks": [0, 1],
+            "state": "waiting",
+            "action": "evict",
+            "slowdown_pct": 40.0,
+            "candidates": [{"node": "node3", "ranks": [4, 5]}],
+        },
+    )
+    loop.state.update_job(
+        "5", waiting="d-00000000000a", waiting_since=f"{clock():.3f}", reports_checkpoints="1"
+    )
+    _run(loop, 0, 4, {"node3": 2.0})
+    assert slurm.changes == []
+    loop.store.publish("5", events=[{"name": "checkpoint_end", "ts": clock(), "step": 39}])
+    _run(loop, 40, 1, {"node3": 2.0})
+    decision = loop.state.decision("d-00000000000a")
+    assert (decision["state"], decision["node"], decision["after"]) == (
+        "verified",
+        "node3",
+        "checkpoint",
+    )
+    assert slurm.job_table["5"].excluded == ("node3",)
+    assert len(loop.state.job_decisions("5")) == 1
