@@ -391,10 +391,9 @@ class Service:
     def _add_candidate(self, waiting: str, event: StragglerEvent) -> None:
         """A straggler seen while the job waits joins the waiting decision's candidates (two
         nodes may be flagged in one cycle, one of them a passing blip)."""
-        rec = self.state.decision(waiting)
-        known = _candidates(rec)
+        known = _candidates(self.state.decision(waiting))
         if event.node not in {node for node, _ in known}:
-            extra = json.loads(rec.get("candidates") or "[]")
+            extra = [{"node": node, "ranks": ranks} for node, ranks in known[1:]]
             extra.append({"node": event.node, "ranks": event.ranks[:32]})
             self.state.save_decision(waiting, {"candidates": extra})
 
@@ -504,25 +503,25 @@ class Service:
                 return
 
 
-def _ranks(text: str | None) -> list[int]:
-    """The straggling ranks a decision recorded (a JSON list), or [] when unreadable."""
+def _json_list(text: str | None) -> list[Any]:
+    """A JSON list a decision recorded, or [] when missing or unreadable."""
     try:
-        ranks = json.loads(text or "[]")
+        value = json.loads(text or "[]")
     except ValueError:
         return []
-    return [r for r in ranks if isinstance(r, int)] if isinstance(ranks, list) else []
+    return value if isinstance(value, list) else []
+
+
+def _ints(values: Any) -> list[int]:
+    return [v for v in values if isinstance(v, int)] if isinstance(values, list) else []
 
 
 def _candidates(rec: dict[str, str]) -> list[tuple[str, list[int]]]:
     """A waiting decision's node and the nodes flagged after it, each with its ranks."""
-    found = [(rec.get("node", ""), _ranks(rec.get("ranks")))]
-    try:
-        extra = json.loads(rec.get("candidates") or "[]")
-    except ValueError:
-        extra = []
-    for item in extra if isinstance(extra, list) else []:
+    found = [(rec.get("node", ""), _ints(_json_list(rec.get("ranks"))))]
+    for item in _json_list(rec.get("candidates")):
         if isinstance(item, dict) and isinstance(item.get("node"), str):
-            found.append((item["node"], _ranks(json.dumps(item.get("ranks", [])))))
+            found.append((item["node"], _ints(item.get("ranks"))))
     return found
 
 
