@@ -74,12 +74,11 @@ def parse_records(records: Iterable[str]) -> list[KernelXid]:
 def read_records(path: Path) -> list[str]:
     """Every record ``path`` holds now: ``/dev/kmsg`` is read record by record without
     blocking (records overwritten while reading are skipped); a plain file line by line."""
+    if not path.is_char_device():
+        return path.read_text(errors="replace").splitlines()[-MAX_RECORDS:]
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     records: list[str] = []
     try:
-        if not path.is_char_device():
-            with os.fdopen(os.dup(fd), "r", errors="replace") as text:
-                return text.read().splitlines()[-MAX_RECORDS:]
         while len(records) < MAX_RECORDS:
             try:
                 chunk = os.read(fd, 8192)
