@@ -7,12 +7,11 @@ context and the next one runs anyway.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,7 +20,6 @@ import structlog
 
 from slurm_plugin.config import Settings
 from slurm_plugin.detection import Detector, Event, StragglerEvent
-from slurm_plugin.detection.recheck import recent_slowdown_pct
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.policy.decide import ClusterContext, JobContext, decide, is_slowdown
 from slurm_plugin.policy.loader import (
@@ -37,6 +35,7 @@ from slurm_plugin.service.ingest import Ingest
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.node_rails import NodeRails
 from slurm_plugin.service.state import ServiceState
+from slurm_plugin.service.waiting import Recheck, candidates, with_candidate
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.model import JobInfo, NodeInfo
 from slurm_plugin.slurm.scheduler import Scheduler
@@ -102,6 +101,7 @@ class Service:
         self._last_sweep = 0.0
         self._job_policy: dict[str, str] = {}
         self._node_rails = NodeRails(state, self.executor, dry_run=dry_run)
+        self._recheck = Recheck(store)
 
     # -- policies ---------------------------------------------------------------------------
     def reload_policies(self) -> None:
@@ -297,7 +297,7 @@ class Service:
         if decision.action == "evict" and self._evicting(job.job_id):
             decision = replace(decision, action="none", reasons=["an eviction is in progress"])
         if decision.action == "evict":
-            recovered = self._recovered(job, event.node, policy, event.ranks)
+            recovered = self._recheck.recovered(job, event.node, policy, event.ranks)
             if recovered:
                 decision = replace(decision, action="none", reasons=[recovered])
                 record.update(decision="none", reasons=decision.reasons)
@@ -310,7 +310,9 @@ class Service:
         if decision.action == "wait" or decision.on_hold:
             waiting = self._waiting(job)
             if waiting:  # one waiting decision per job; its clock (max_wait_s) is not reset
-                self._add_candidate(waiting, event)
+                extra = with_candidate(self.state.decision(waiting), event)
+                if extra is not None:
+                    self.state.save_decision(waiting, {"candidates": extra})
                 return {"id": waiting, "action": "wait", "reasons": ["still waiting"]}
             # On hold (a pause, the breaker): acted on in the first cycle after they lift.
             for_what = {"waiting_for": "resume"} if decision.on_hold else {}
@@ -361,42 +363,6 @@ class Service:
             )
         self.state.update_job(job.job_id, waiting="", waiting_since="")
 
-    def _recovered(
-        self, job: JobInfo, node: str, policy: Policy, ranks: Sequence[int] = ()
-    ) -> str | None:
-        """Why ``node`` no longer needs evicting (its straggling ``ranks`` are, in the newest
-        steps, not slower than the other nodes' ranks by the policy's minimum, or show
-        nothing), or None when it is still slow."""
-        slowdown = self._recent_slowdown(job, node, ranks)
-        minimum = policy.detection.min_slowdown_pct
-        if slowdown is None:
-            return f"recovered, not evicted: no recent steps of {node} to confirm the slowdown"
-        if slowdown < minimum:
-            return (
-                f"recovered, not evicted: {node} is {slowdown:+.1f}% over its peers in the "
-                f"newest steps (minimum {minimum:g}%)"
-            )
-        return None
-
-    def _recent_slowdown(self, job: JobInfo, node: str, ranks: Sequence[int]) -> float | None:
-        """The straggling ranks' slowdown over the job's newest steps (its own nodes and
-        attempt only)."""
-        records = [
-            r
-            for r in self.store.latest_steps(job.job_id)
-            if r.node in job.nodes and r.attempt == job.restarts
-        ]
-        return recent_slowdown_pct(records, node, ranks)
-
-    def _add_candidate(self, waiting: str, event: StragglerEvent) -> None:
-        """A straggler seen while the job waits joins the waiting decision's candidates (two
-        nodes may be flagged in one cycle, one of them a passing blip)."""
-        known = _candidates(self.state.decision(waiting))
-        if event.node not in {node for node, _ in known}:
-            extra = [{"node": node, "ranks": ranks} for node, ranks in known[1:]]
-            extra.append({"node": event.node, "ranks": event.ranks[:32]})
-            self.state.save_decision(waiting, {"candidates": extra})
-
     def _evict(
         self, decision_id: str, job: JobInfo, node: str, record: dict[str, Any], now: float
     ) -> str:
@@ -431,10 +397,7 @@ class Service:
         if not (checkpointed or expired):
             return
         # Of the nodes flagged while waiting, the one slowest in the newest steps.
-        node, ranks = max(
-            _candidates(rec),
-            key=lambda c: self._recent_slowdown(job, c[0], c[1]) or float("-inf"),
-        )
+        node, ranks = self._recheck.slowest(job, candidates(rec))
         if node != rec.get("node"):
             self.state.save_decision(decision_id, {"node": node, "ranks": ranks})
         event = StragglerEvent(
@@ -459,9 +422,17 @@ class Service:
         )
         reasons = again.reasons
         if again.action == "evict":
-            recovered = self._recovered(job, event.node, policy, event.ranks)
+            recovered = self._recheck.recovered(job, event.node, policy, event.ranks)
             reasons = [recovered] if recovered else reasons
         if again.action != "evict" or reasons != again.reasons:
+            log.info(
+                "service.decision",
+                decision_id=decision_id,
+                job_id=job.job_id,
+                node=event.node,
+                action="none",
+                reasons=reasons,
+            )
             self.state.save_decision(
                 decision_id, {"state": "recorded", "decision": "none", "reasons": reasons}
             )
@@ -501,28 +472,6 @@ class Service:
             )
             if once or stop.wait(self.settings.service_interval_s):
                 return
-
-
-def _json_list(text: str | None) -> list[Any]:
-    """A JSON list a decision recorded, or [] when missing or unreadable."""
-    try:
-        value = json.loads(text or "[]")
-    except ValueError:
-        return []
-    return value if isinstance(value, list) else []
-
-
-def _ints(values: Any) -> list[int]:
-    return [v for v in values if isinstance(v, int)] if isinstance(values, list) else []
-
-
-def _candidates(rec: dict[str, str]) -> list[tuple[str, list[int]]]:
-    """A waiting decision's node and the nodes flagged after it, each with its ranks."""
-    found = [(rec.get("node", ""), _ints(_json_list(rec.get("ranks"))))]
-    for item in _json_list(rec.get("candidates")):
-        if isinstance(item, dict) and isinstance(item.get("node"), str):
-            found.append((item["node"], _ints(item.get("ranks"))))
-    return found
 
 
 def _round(value: float | None) -> float | None:

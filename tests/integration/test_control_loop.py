@@ -262,6 +262,51 @@ def test_a_burst_that_is_over_is_not_evicted(make_loop: Callable[..., Loop]) -> 
     assert loop.state.job("5").get("evictions", "0") == "0"
 
 
+STRICT = """
+description = "evict after the checkpoint, only slowdowns of 40 % or more"
+[detection]
+min_slowdown_pct = 40.0
+[actions]
+mode = "evict"
+when = "after_checkpoint"
+max_wait_s = 900
+max_requeues = 2
+"""
+
+
+@pytest.mark.parametrize(("after", "evicted"), [(1.3, True), (1.1, False)])
+def test_a_node_slightly_better_at_the_recheck_is_still_evicted(
+    make_loop: Callable[..., Loop], tmp_path: Path, after: float, evicted: bool
+) -> None:
+    """Hysteresis: flagged at the policy's minimum (40 %), released below half of it. node3,
+    2x slow when flagged, is 30 % slow at the re-check (under the minimum, over half of it):
+    still evicted; 10 % slow: recovered, not evicted."""
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", policies)
+    (policies / "strict.toml").write_text(STRICT)
+    clock = FakeClock()
+    slurm = FakeScheduler([running_job(clock, policy="strict")], NODES)
+    loop = make_loop(slurm, clock, "a", policy_dir=policies)
+    loop.store.publish("5", events=[{"name": "checkpoint_end", "ts": clock() - 60, "step": 0}])
+    for cycle in range(30):
+        _run(loop, cycle * 10, 1, {"node3": 2.0})
+        if loop.state.job_decisions("5"):
+            break
+    assert [d["state"] for d in loop.state.job_decisions("5")] == ["waiting"]
+    _run(loop, 400, 5, {"node3": after})
+    loop.store.publish("5", events=[{"name": "checkpoint_end", "ts": clock(), "step": 440}])
+    _run(loop, 450, 1, {"node3": after})
+    decision, *later = loop.state.job_decisions("5")  # later: the smaller shift, flagged anew
+    assert all(d["state"] == "recorded" and d["decision"] == "none" for d in later), later
+    if evicted:
+        assert decision["state"] == "verified", decision
+        assert slurm.job_table["5"].excluded == ("node3",)
+    else:
+        assert decision["state"] == "recorded", decision
+        assert "recovered, not evicted" in decision["reasons"]
+        assert [c[0] for c in slurm.changes if c[0] != "annotate"] == []
+
+
 DRAINER = """
 description = "evict at once and drain persistent stragglers, no partition limit"
 [actions]

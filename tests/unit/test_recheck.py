@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
+from slurm_plugin.detection import StragglerEvent
 from slurm_plugin.detection.recheck import recent_slowdown_pct
+from slurm_plugin.service.waiting import candidates, with_candidate
 from slurm_plugin.telemetry.records import StepRecord
 
 
@@ -50,3 +53,35 @@ def test_a_slow_nodes_lagging_reports_and_one_slow_gpu() -> None:
     one_gpu = [replace(r, compute_s=0.1) if r.rank == 9 else r for r in one_gpu]
     assert recent_slowdown_pct(one_gpu, "node3", ranks=[2]) == pytest.approx(200.0)
     assert recent_slowdown_pct(one_gpu, "node3", ranks=[9]) == pytest.approx(0.0)
+
+
+def _event(node: str, ranks: list[int]) -> StragglerEvent:
+    return StragglerEvent("5", node, None, ranks, 40, 0.0, 1.0, 80.0, "compute", "node")
+
+
+def test_a_waiting_decision_collects_each_flagged_node_once() -> None:
+    """The decision's own node comes first; a node flagged again is not added twice."""
+    rec = {"node": "node3", "ranks": "[4, 5]"}
+    extra = with_candidate(rec, _event("node1", [0]))
+    assert extra == [{"node": "node1", "ranks": [0]}]
+    rec["candidates"] = json.dumps(extra)
+    assert with_candidate(rec, _event("node3", [4])) is None
+    assert with_candidate(rec, _event("node1", [1])) is None
+    assert candidates(rec) == [("node3", [4, 5]), ("node1", [0])]
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {"node": "node3", "ranks": "not json", "candidates": "{"},
+        {"node": "node3", "ranks": '{"a": 1}', "candidates": '[1, {"node": 7}, {"ranks": []}]'},
+        {"node": "node3", "ranks": '[1, "x", null]', "candidates": '"node1"'},
+    ],
+)
+def test_a_malformed_record_keeps_its_own_node(broken: dict[str, str]) -> None:
+    """Unreadable ranks or candidates (a hand-edited or truncated record) never raise: the
+    decision's node stays the one candidate, with the ranks that are integers."""
+    found = candidates(broken)
+    assert found[0][0] == "node3"
+    assert all(isinstance(r, int) for r in found[0][1])
+    assert len(found) == 1
