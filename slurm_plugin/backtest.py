@@ -15,6 +15,7 @@ import numpy as np
 
 from slurm_plugin.detection import Detector, Event, RecordBatch, StragglerEvent
 from slurm_plugin.policy.history import Incident, NodeHistory, record_incident
+from slurm_plugin.policy.rails import PersistencePolicy
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.trace import Trace
 
@@ -76,10 +77,13 @@ def _detection(event: Event, policy: Policy) -> dict[str, Any]:
     return row
 
 
-def run_backtest(trace: Trace, policy: Policy) -> BacktestResult:
-    """Replay ``trace`` under ``policy``."""
+def run_backtest(
+    trace: Trace, policy: Policy, persistence: PersistencePolicy | None = None
+) -> BacktestResult:
+    """Replay ``trace`` under ``policy``, node history under ``persistence`` (the service's
+    [persistence] setting; its defaults when None)."""
     detector = Detector(policy.detection.params())
-    hist_params = policy.persistence.params()
+    hist_params = (persistence or PersistencePolicy()).params()
     histories: dict[str, NodeHistory] = {}
     result = BacktestResult(records=len(trace))
     unique_jobs, job_codes = np.unique(trace.job_id.astype(str), return_inverse=True)

@@ -24,6 +24,7 @@ from pydantic_settings import (
 )
 
 from slurm_plugin.errors import ConfigError
+from slurm_plugin.policy.rails import ClusterRails, PersistencePolicy, SafetyPolicy
 
 DEFAULT_CONFIG_PATH = Path("/etc/slurm-straggler/config.toml")
 CONFIG_ENV = "STRAGGLER_CONFIG"
@@ -82,10 +83,22 @@ class Settings(BaseSettings):
         description="Directory of policy files (*.toml); the service re-reads it every cycle.",
     )
     default_policy: str = Field(
-        default="observe",
-        description="Policy of jobs that do not choose one. Its [safety] and [persistence] "
-        "sections, and its actions.drain_persistent, are the cluster-wide rails for every job: "
-        "a job's own policy never sets them.",
+        default="observe", description="Policy of jobs that do not choose one."
+    )
+    safety: SafetyPolicy = Field(
+        default_factory=SafetyPolicy,
+        description="Cluster-wide rails ([safety] table; env: JSON): eviction budget, spare "
+        "nodes, partition drain limit, circuit breaker. No policy sets them.",
+    )
+    persistence: PersistencePolicy = Field(
+        default_factory=PersistencePolicy,
+        description="When the shared node history calls a node persistent, and forgives it "
+        "([persistence] table; env: JSON). No policy sets them.",
+    )
+    drain_persistent: bool = Field(
+        default=False,
+        description="Drain nodes whose history turns persistent (also needs the default "
+        'policy\'s mode = "evict"; never in a dry run).',
     )
     allowed_policies: list[str] | None = Field(
         default=None,
@@ -189,6 +202,15 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The TOML file is merged in load_settings(), where its path is known for error messages.
         return (init_settings, env_settings)
+
+    @property
+    def rails(self) -> ClusterRails:
+        """The cluster-wide rails as one object."""
+        return ClusterRails(
+            safety=self.safety,
+            persistence=self.persistence,
+            drain_persistent=self.drain_persistent,
+        )
 
     def slurm_command(self, name: str) -> str:
         """The argv[0] for a Slurm client command, honouring ``slurm_bin_dir``."""

@@ -9,6 +9,7 @@ import click
 
 from slurm_plugin.backtest import run_backtest
 from slurm_plugin.cli.output import emit_json, emit_table
+from slurm_plugin.config import Settings
 from slurm_plugin.errors import TraceError
 from slurm_plugin.policy.loader import load_policy
 from slurm_plugin.policy.schema import Policy
@@ -26,9 +27,11 @@ from slurm_plugin.trace import read_trace
     help="Policy TOML (default: built-in defaults, action mode evict).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the documented JSON.")
-def backtest(trace_path: Path, policy_path: Path | None, as_json: bool) -> None:
+@click.pass_obj
+def backtest(settings: Settings, trace_path: Path, policy_path: Path | None, as_json: bool) -> None:
     """Replay TRACE.csv (job_id,rank,node,gpu,step,ts,step_s,compute_s,comm_s,data_s) and
-    print what the service would have detected, and which nodes would be persistent."""
+    print what the service would have detected, and which nodes would be persistent (under
+    the configured [persistence] rails)."""
     policy = (
         load_policy(policy_path)
         if policy_path
@@ -40,7 +43,7 @@ def backtest(trace_path: Path, policy_path: Path | None, as_json: bool) -> None:
             trace = read_trace(handle, name=str(trace_path))
     except UnicodeDecodeError as exc:
         raise TraceError(f"{trace_path}: not a text CSV file ({exc.reason})") from exc
-    result = run_backtest(trace, policy)
+    result = run_backtest(trace, policy, settings.persistence)
     elapsed = time.perf_counter() - started
     if as_json:
         emit_json(result.to_dict())

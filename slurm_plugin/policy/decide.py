@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from slurm_plugin.detection.events import StragglerEvent
-from slurm_plugin.policy.schema import Policy, SafetyPolicy
+from slurm_plugin.policy.rails import SafetyPolicy
+from slurm_plugin.policy.schema import Policy
 from slurm_plugin.slurm.model import JobInfo, NodeInfo
 
 Action = Literal["evict", "wait", "annotate", "none"]
@@ -33,8 +34,8 @@ class ClusterContext:
     paused: bool = False
     breaker_open: bool = False
     dry_run: bool = False
-    #: The cluster-wide rails (the service's default policy's [safety]); None: the policy's own.
-    safety: SafetyPolicy | None = None
+    #: The cluster-wide rails (the service's [safety] settings).
+    safety: SafetyPolicy = field(default_factory=SafetyPolicy)
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def _blockers(
         reasons.append(f"already evicted {ctx.evictions} times (max {policy.actions.max_requeues})")
     if ctx.last_eviction_ts is not None and now - ctx.last_eviction_ts < policy.actions.cooldown_s:
         reasons.append(f"cooldown: last eviction {now - ctx.last_eviction_ts:.0f} s ago")
-    safety = cluster.safety or policy.safety
+    safety = cluster.safety
     needed = job.node_count + safety.min_spare_nodes
     left = _usable_after_exclusion(job, node, cluster.nodes)
     if left < needed:
@@ -160,8 +161,10 @@ def decide(
     ignored = _not_acted_on(event, policy)
     if ignored is not None:
         return Decision("none", node, [ignored])
+    # Observe writes nothing to Slurm, not even a note: the decision is recorded in Redis only.
+    note: Action = "none" if policy.actions.mode == "observe" else "annotate"
     if event.cause != "compute":
-        return Decision("annotate", node, ["input-bound (slow data loading): report only"])
+        return Decision(note, node, ["input-bound (slow data loading): report only"])
     if node not in job.nodes:
         return Decision("none", node, [f"{node} is not one of the job's nodes"])
     saved, cost = goodput(event, job, ctx, policy, now)
@@ -171,7 +174,7 @@ def decide(
     switches = _switches(cluster)
     if reasons or switches:
         on_hold = not reasons and not cluster.dry_run
-        return Decision("annotate", node, reasons + switches, saved, cost, on_hold=on_hold)
+        return Decision(note, node, reasons + switches, saved, cost, on_hold=on_hold)
     waited = now - ctx.waiting_since if ctx.waiting_since is not None else 0.0
     if policy.actions.when == "after_checkpoint" and ctx.reports_checkpoints:
         if waited < policy.actions.max_wait_s:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from slurm_plugin.errors import ConfigError
+from slurm_plugin.policy.rails import rails_in
 from slurm_plugin.policy.schema import Policy
 
 
@@ -20,6 +22,9 @@ def load_policy(path: Path) -> Policy:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML: {exc}", path=path) from exc
     data.setdefault("name", path.stem)
+    misplaced = rails_in(data)
+    if misplaced:
+        raise ConfigError(_rails_error(misplaced), path=path, field=misplaced[0].strip("[]"))
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
@@ -37,6 +42,13 @@ def load_policy(path: Path) -> Policy:
 
 
 DEFAULT_POLICY = "observe"
+
+
+def _rails_error(misplaced: list[str]) -> str:
+    return (
+        f"{', '.join(misplaced)}: cluster-wide rails belong in the service's configuration "
+        "(config.toml), not in a policy a job can pick; move them there"
+    )
 
 
 def load_policies(directory: Path) -> dict[str, Policy]:
@@ -70,9 +82,15 @@ def active_policies(
     problems = []
     for name, raw in applied.items():
         try:
-            policies[name] = Policy.model_validate_json(raw)
+            data = json.loads(raw)
+            misplaced = rails_in(data) if isinstance(data, dict) else []
+            if not misplaced:
+                policies[name] = Policy.model_validate(data)
         except ValueError as exc:
             problems.append(f"applied policy {name!r}: {exc}")
+        else:
+            if misplaced:  # applied before the rails became settings: skipped, never half-used
+                problems.append(f"applied policy {name!r}: {_rails_error(misplaced)}")
     return policies, problems
 
 

@@ -1,24 +1,21 @@
 """Policy files (TOML) as validated pydantic models; every field documented, typos rejected.
 
-This module holds the parts the detector and the backtest use: ``[detection]``,
-``[persistence]`` and the action mode.
+A policy holds only job-level knobs (``[detection]``, ``[actions]``); the cluster-wide rails
+(``[safety]``, ``[persistence]``, ``drain_persistent``) are the service's settings
+(:mod:`slurm_plugin.policy.rails`), never a job's choice.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from slurm_plugin.detection.params import DEFAULT_ARL, DetectionParams
-from slurm_plugin.policy.history import HistoryParams
+from slurm_plugin.policy.rails import Strict
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class DetectionPolicy(_Strict):
+class DetectionPolicy(Strict):
     """How sensitive detection is."""
 
     min_slowdown_pct: float = Field(
@@ -55,46 +52,14 @@ class DetectionPolicy(_Strict):
         return DetectionParams(**self.model_dump())
 
 
-class PersistencePolicy(_Strict):
-    """When a node counts as a persistent straggler, and when it is forgiven."""
-
-    incidents: int = Field(3, ge=2, description="Incidents within the window.")
-    distinct_jobs: int = Field(2, ge=2, description="...from at least this many jobs.")
-    window_days: float = Field(7.0, gt=0, description="Window for counting incidents, days.")
-    half_life_days: float = Field(3.0, gt=0, description="Decay half-life of incidents, days.")
-    forgive_after_days: float = Field(14.0, gt=0, description="Quiet days that clear a node.")
-    distinct_users: bool = Field(
-        False, description="Count distinct users instead of distinct jobs."
-    )
-    require_corroboration: bool = Field(
-        False,
-        description="Drain only nodes with at least one incident backed by hardware evidence "
-        "(sidecar throttle reasons/XIDs/low clocks, or a prolog finding): timing alone, which a "
-        "job's user controls, then never drains a node.",
-    )
-
-    def params(self) -> HistoryParams:
-        """The node history's parameters."""
-        day = 86400.0
-        return HistoryParams(
-            incidents=self.incidents,
-            distinct_jobs=self.distinct_jobs,
-            window_s=self.window_days * day,
-            half_life_s=self.half_life_days * day,
-            forgive_after_s=self.forgive_after_days * day,
-            require_corroboration=self.require_corroboration,
-        )
-
-
-class ActionPolicy(_Strict):
+class ActionPolicy(Strict):
     """What the service does about a detection."""
 
     mode: Literal["off", "observe", "evict"] = Field(
         "observe",
-        description="off: nothing; observe: record and annotate the job; evict: also requeue "
-        "the job without the straggler node.",
+        description="off: nothing; observe: record only (nothing written to Slurm); evict: "
+        "note it on the job (notify) and requeue the job without the straggler node.",
     )
-    drain_persistent: bool = Field(False, description="Drain nodes that become persistent.")
     notify: Literal["off", "log", "comment"] = Field(
         "comment",
         description="How a job hears about detections: its AdminComment (comment), the service "
@@ -123,34 +88,10 @@ class ActionPolicy(_Strict):
     )
 
 
-class SafetyPolicy(_Strict):
-    """Bounds on everything the service does, whatever the detections say."""
-
-    max_evictions_per_hour: int = Field(10, ge=0, description="Cluster-wide eviction budget.")
-    max_partition_drained_fraction: float = Field(
-        0.05, ge=0, le=1, description="Never drain beyond this fraction of a partition."
-    )
-    min_spare_nodes: int = Field(
-        0,
-        ge=0,
-        description="Usable nodes that must remain in the partition beyond what the job needs "
-        "once the straggler is excluded (a slow job beats one that can never start).",
-    )
-    breaker_max_nodes: int = Field(
-        5,
-        ge=1,
-        description="Circuit breaker: more distinct straggler nodes than this within "
-        "breaker_window_s stops all actions until an admin resumes.",
-    )
-    breaker_window_s: float = Field(600.0, gt=0, description="Window of the circuit breaker.")
-
-
-class Policy(_Strict):
+class Policy(Strict):
     """A named straggler policy."""
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$", description="Policy name.")
     description: str = Field("", description="What the policy is for.")
     detection: DetectionPolicy = Field(default_factory=DetectionPolicy)
-    persistence: PersistencePolicy = Field(default_factory=PersistencePolicy)
     actions: ActionPolicy = Field(default_factory=ActionPolicy)
-    safety: SafetyPolicy = Field(default_factory=SafetyPolicy)

@@ -102,6 +102,8 @@ class Service:
         self._job_policy: dict[str, str] = {}
         self._node_rails = NodeRails(state, self.executor, dry_run=dry_run)
         self._recheck = Recheck(store)
+        #: The cluster-wide rails: the service's settings, never a job's policy.
+        self.rails = settings.rails
 
     # -- policies ---------------------------------------------------------------------------
     def reload_policies(self) -> None:
@@ -137,14 +139,8 @@ class Service:
         ):
             log.warning("service.policy_refused", job_id=job.job_id, policy=wanted[:40])
             wanted = ""
-        base = self.policies.get(wanted) or self.rails
+        base = self.policies.get(wanted) or self.policies[self.settings.default_policy]
         return apply_job_overrides(base, meta)
-
-    @property
-    def rails(self) -> Policy:
-        """The cluster policy (``default_policy``): its [safety], [persistence] and
-        drain_persistent bound every job, whatever policy the job chose."""
-        return self.policies[self.settings.default_policy]
 
     # -- one cycle ----------------------------------------------------------------------------
     def cycle(self) -> CycleReport:
@@ -263,7 +259,13 @@ class Service:
         evidence, reported = gather_evidence(self.state, self.store, job.job_id, event.node, gpus)
         if is_slowdown(event, policy):  # speed-ups and small blips never enter node history
             self._node_rails.remember(
-                event, job, self.rails, nodes, now, corroborated=bool(evidence)
+                event,
+                job,
+                self.rails,
+                nodes,
+                now,
+                corroborated=bool(evidence),
+                cluster_mode=self.policies[self.settings.default_policy].actions.mode,
             )
         decision = decide(event, job, policy, self._context(job), self._cluster(nodes, now), now)
         record = {
@@ -447,7 +449,11 @@ class Service:
         report.decisions.append({"id": decision_id, "action": "evict", "outcome": outcome})
 
     def _annotate(self, job: JobInfo, text: str, policy: Policy) -> None:
-        if self.dry_run or policy.actions.mode == "off" or policy.actions.notify != "comment":
+        if (
+            self.dry_run
+            or policy.actions.mode in {"off", "observe"}  # observe writes nothing to Slurm
+            or policy.actions.notify != "comment"
+        ):
             log.info("service.notify", job_id=job.job_id, text=text, notify=policy.actions.notify)
             return
         try:

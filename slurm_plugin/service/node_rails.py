@@ -8,7 +8,7 @@ import structlog
 
 from slurm_plugin.detection import StragglerEvent
 from slurm_plugin.policy.history import Incident, evaluate, record_incident
-from slurm_plugin.policy.schema import Policy
+from slurm_plugin.policy.rails import ClusterRails
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
@@ -32,7 +32,7 @@ class NodeRails:
         self.flagged: list[tuple[float, str]] = []
         self._aged_at = 0.0
 
-    def age(self, now: float, rails: Policy, every_s: float = 300.0) -> list[str]:
+    def age(self, now: float, rails: ClusterRails, every_s: float = 300.0) -> list[str]:
         """Every ``every_s``: age every node's history to ``now`` (incidents leave the window,
         a node quiet for forgive_after_days is healthy again). Returns the nodes forgiven. A
         refusal (drain) we made stays until an admin forgives the node."""
@@ -67,14 +67,16 @@ class NodeRails:
         self,
         event: StragglerEvent,
         job: JobInfo,
-        rails: Policy,
+        rails: ClusterRails,
         nodes: tuple[NodeInfo, ...],
         now: float,
         *,
         corroborated: bool = False,
+        cluster_mode: str = "observe",
     ) -> None:
         """Node history, persistent-straggler drain and the circuit breaker, under the cluster
-        policy's rails (never the job's own policy: one job must not set what all share)."""
+        rails (the service's settings, never a job's policy: one job must not set what all
+        share). Draining also needs the default policy's ``cluster_mode`` to be evict."""
         transition = record_incident(
             self.state.node_history(event.node),
             Incident(job.job_id, now, event.slowdown_pct, event.cause, job.user, corroborated),
@@ -95,9 +97,7 @@ class NodeRails:
                 self.state.open_breaker(why)
                 log.error("service.breaker_open", why=why)
         if not (
-            transition.became_persistent
-            and rails.actions.drain_persistent
-            and rails.actions.mode == "evict"
+            transition.became_persistent and rails.drain_persistent and cluster_mode == "evict"
         ):
             return
         if self.dry_run or self.state.paused() or self.state.breaker():

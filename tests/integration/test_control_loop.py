@@ -307,25 +307,22 @@ def test_a_node_slightly_better_at_the_recheck_is_still_evicted(
         assert [c[0] for c in slurm.changes if c[0] != "annotate"] == []
 
 
-DRAINER = """
-description = "evict at once and drain persistent stragglers, no partition limit"
+NO_REQUEUE = """
+description = "an evicting policy that may not requeue: only the node rails act"
 [actions]
 mode = "evict"
 when = "now"
 max_requeues = 0
-drain_persistent = true
-[safety]
-max_partition_drained_fraction = 1.0
 """
 
 
 @pytest.mark.parametrize(
-    ("cluster_policy", "job_policy", "dry_run", "drains"),
+    ("cluster_policy", "drain_persistent", "dry_run", "drains"),
     [
-        ("observe", "observe", False, False),
-        ("drainer", "drainer", True, False),
-        ("observe", "drainer", False, False),
-        ("drainer", "drainer", False, True),
+        ("observe", True, False, False),
+        ("no-requeue", True, True, False),
+        ("no-requeue", False, False, False),
+        ("no-requeue", True, False, True),
     ],
 )
 def test_only_the_service_takes_a_node_out_after_its_rails(
@@ -333,24 +330,32 @@ def test_only_the_service_takes_a_node_out_after_its_rails(
     private_redis: RedisServer,
     tmp_path: Path,
     cluster_policy: str,
-    job_policy: str,
+    drain_persistent: bool,
     dry_run: bool,
     drains: bool,
 ) -> None:
     """Issue 13 items 1 and 3, reproduced: three jobs of different users see node3 slow and
-    its history turns persistent. Under observe, in a dry run of a cluster policy that drains,
-    or when only the jobs (not the cluster policy) ask for draining, nothing requeues or
-    drains a node and the next prolog on node3 passes (node history alone never keeps a node
-    out); the draining cluster policy for real drains node3 with our mark and a refusal that
-    makes the prolog fail."""
+    its history turns persistent. Under an observing default policy, in a dry run, or without
+    the drain_persistent setting, nothing requeues or drains a node and the next prolog on
+    node3 passes (node history alone never keeps a node out); with the setting and an
+    evicting default policy the service drains node3 with our mark and a refusal that makes
+    the prolog fail. The jobs run under the evicting policy in every case: a job's choice
+    never turns draining on."""
     policies = tmp_path / "policies"
     shutil.copytree(REPO / "policies", policies)
-    (policies / "drainer.toml").write_text(DRAINER)
+    (policies / "no-requeue.toml").write_text(NO_REQUEUE)
     clock = FakeClock()
-    jobs = [running_job(clock, str(10 + i), job_policy, user=f"user{i}") for i in range(3)]
+    jobs = [running_job(clock, str(10 + i), "no-requeue", user=f"user{i}") for i in range(3)]
     slurm = FakeScheduler(jobs, NODES)
     loop = make_loop(
-        slurm, clock, "a", dry_run=dry_run, policy_dir=policies, default_policy=cluster_policy
+        slurm,
+        clock,
+        "a",
+        dry_run=dry_run,
+        policy_dir=policies,
+        default_policy=cluster_policy,
+        drain_persistent=drain_persistent,
+        safety={"max_partition_drained_fraction": 1.0},
     )
     _run(loop, 0, 40, {"node3": 2.0}, jobs=tuple(j.job_id for j in jobs))
     assert loop.state.node_history("node3").state == "persistent"
@@ -477,7 +482,7 @@ def test_a_straggler_found_during_a_pause_is_acted_on_after_it(
 
 @pytest.mark.parametrize(("cluster_policy", "job_policy", "dry_run"), [
     ("observe", "observe", False),
-    ("drainer", "drainer", True),
+    ("evict-aggressive", "evict-aggressive", True),
 ])  # fmt: skip
 def test_fifty_jobs_under_observe_or_dry_run_take_nothing_out(
     make_loop: Callable[..., Loop],
@@ -488,11 +493,8 @@ def test_fifty_jobs_under_observe_or_dry_run_take_nothing_out(
 ) -> None:
     """Issue 13's scripted run: 50 jobs on 12 nodes, three of them slow, forged timings (ranks
     claiming a node outside their job), a pause window and then a breaker-open window. Under
-    observe nothing but AdminComment notes reaches Slurm; in a dry run of a policy that evicts
-    and drains, nothing at all (the fake scheduler counts every call)."""
-    policies = tmp_path / "policies"
-    shutil.copytree(REPO / "policies", policies)
-    (policies / "drainer.toml").write_text(DRAINER.replace("max_requeues = 0", "max_requeues = 3"))
+    observe, and in a dry run of a policy that evicts and drains, nothing reaches Slurm, not
+    even an AdminComment note (the fake scheduler counts every call)."""
     clock = FakeClock()
     names = [f"node{i}" for i in range(1, 13)]
     nodes = [NodeInfo(n, "idle", (), "", ("debug",)) for n in names]
@@ -508,7 +510,13 @@ def test_fifty_jobs_under_observe_or_dry_run_take_nothing_out(
     ]
     slurm = FakeScheduler(jobs, nodes)
     loop = make_loop(
-        slurm, clock, "a", dry_run=dry_run, policy_dir=policies, default_policy=cluster_policy
+        slurm,
+        clock,
+        "a",
+        dry_run=dry_run,
+        default_policy=cluster_policy,
+        drain_persistent=True,
+        safety={"max_partition_drained_fraction": 1.0},
     )
     slow = {"node3": 2.0, "node7": 1.5, "node11": 3.0}
     for cycle in range(40):
@@ -532,7 +540,7 @@ def test_fifty_jobs_under_observe_or_dry_run_take_nothing_out(
     assert decisions, "the slow nodes were detected"
     assert {d.get("node") for d in decisions} <= {"node3", "node7", "node11"}
     changes = {c[0] for c in slurm.changes}
-    assert changes <= ({"annotate"} if not dry_run else set())
+    assert changes == set(), changes
     assert loop.state.refusal("node11") is None
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from slurm_plugin.config import Settings
 from slurm_plugin.detection.events import StragglerEvent
 from slurm_plugin.errors import ConfigError
 from slurm_plugin.policy.decide import (
@@ -18,16 +21,19 @@ from slurm_plugin.policy.decide import (
     is_slowdown,
 )
 from slurm_plugin.policy.loader import (
+    active_policies,
     apply_job_overrides,
     load_policies,
     load_policy,
     policy_from_comment,
 )
-from slurm_plugin.policy.schema import Policy, SafetyPolicy
+from slurm_plugin.policy.rails import SafetyPolicy
+from slurm_plugin.policy.schema import Policy
 from slurm_plugin.slurm.model import JobInfo, NodeInfo
 
 NOW = 1_700_000_000.0
-POLICIES = load_policies(Path(__file__).resolve().parents[2] / "policies")
+REPO = Path(__file__).resolve().parents[2]
+POLICIES = load_policies(REPO / "policies")
 NODES = tuple(
     NodeInfo(f"node{i}", "allocated" if i < 4 else "idle", (), "", ("debug",)) for i in range(1, 5)
 )
@@ -92,7 +98,7 @@ def test_shipped_policies_load() -> None:
     """The four shipped policies are valid and say what they do."""
     assert set(POLICIES) == {"observe", "evict", "evict-aggressive", "off"}
     assert POLICIES["observe"].actions.mode == "observe"
-    assert POLICIES["evict-aggressive"].actions.drain_persistent
+    assert POLICIES["evict-aggressive"].actions.when == "now"
 
 
 def test_evict_when_it_pays_off() -> None:
@@ -128,9 +134,10 @@ def test_goodput_rule_refuses_when_little_time_is_left() -> None:
     ],
 )
 def test_rails_block_eviction(kwargs: dict[str, object], reason: str) -> None:
-    """Each rail turns an eviction into an annotation that says why."""
+    """Each rail turns an eviction into an annotation that says why; under observe into a
+    decision recorded only (observe writes nothing to Slurm, not even a note)."""
     d = _decide(**kwargs)  # type: ignore[arg-type]
-    assert d.action == "annotate"
+    assert d.action == ("none" if kwargs.get("policy") == "observe" else "annotate")
     assert any(reason in r for r in d.reasons), d.reasons
 
 
@@ -175,8 +182,8 @@ def test_policy_from_comment_and_typos(tmp_path: Path) -> None:
     assert policy_from_comment('straggler:policy=evict; x="y z"') == "evict"
     assert policy_from_comment("nothing here") is None
     bad = tmp_path / "bad.toml"
-    bad.write_text("[safety]\nmax_evictions_per_hr = 3\n")
-    with pytest.raises(ConfigError, match=r"safety\.max_evictions_per_hr") as info:
+    bad.write_text("[actions]\nmax_requeue = 3\n")
+    with pytest.raises(ConfigError, match=r"actions\.max_requeue") as info:
         load_policy(bad)
     assert str(bad) in str(info.value)
     with pytest.raises(ValueError, match="name"):
@@ -199,15 +206,52 @@ def test_job_overrides_only_make_the_policy_stricter() -> None:
 
 
 def test_cluster_rails_bound_every_job_whatever_its_policy() -> None:
-    """Issue 13 item 3: the eviction budget and spare nodes come from the cluster's rails; a
-    job's policy with a budget of 1,000 evictions an hour does not lift a budget of 1."""
-    loose = POLICIES["evict"].model_copy(
-        update={"safety": SafetyPolicy(max_evictions_per_hour=1000)}
+    """Issue 13 item 3: the eviction budget and spare nodes come from the cluster's rails (the
+    service's settings), whatever policy the job runs under."""
+    loose = POLICIES["evict-aggressive"]
+    spent = ClusterContext(
+        nodes=NODES, evictions_last_hour=1, safety=SafetyPolicy(max_evictions_per_hour=1)
     )
-    rails = SafetyPolicy(max_evictions_per_hour=1)
-    spent = ClusterContext(nodes=NODES, evictions_last_hour=1, safety=rails)
     d = decide(_event(), _job(), loose, JobContext(last_checkpoint_ts=NOW - 60), spent, NOW)
     assert d.action == "annotate"
     assert any("eviction budget spent" in r for r in d.reasons)
-    open_budget = ClusterContext(nodes=NODES, evictions_last_hour=1)  # the policy's own rails
+    open_budget = ClusterContext(nodes=NODES, evictions_last_hour=1)  # the default: 10 an hour
     assert decide(_event(), _job(), loose, JobContext(), open_budget, NOW).action == "evict"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[safety]\nmax_evictions_per_hour = 1000\n",
+        "[persistence]\nincidents = 2\n",
+        '[actions]\nmode = "evict"\ndrain_persistent = true\n',
+    ],
+)
+def test_a_policy_cannot_carry_cluster_rails(tmp_path: Path, text: str) -> None:
+    """A policy file (which a job may pick) that sets a cluster rail is refused, naming the
+    file and where the rail belongs; an applied policy that does is skipped with a problem."""
+    path = tmp_path / "loose.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="belong in the service's configuration") as info:
+        load_policy(path)
+    assert str(path) in str(info.value)
+    data = tomllib.loads(text)
+    data["name"] = "loose"
+    policies, problems = active_policies(REPO / "policies", {"loose": json.dumps(data)})
+    assert "loose" not in policies
+    assert len(problems) == 1
+    assert "belong in the service's configuration" in problems[0]
+
+
+def test_the_rails_are_settings() -> None:
+    """[safety], [persistence] and drain_persistent are read from the settings (TOML tables,
+    JSON in the environment), validated like any setting."""
+    settings = Settings(
+        safety={"max_evictions_per_hour": 3}, persistence={"incidents": 4}, drain_persistent=True
+    )
+    rails = settings.rails
+    assert rails.safety.max_evictions_per_hour == 3
+    assert rails.persistence.incidents == 4
+    assert rails.drain_persistent
+    with pytest.raises(ValueError, match="max_evictions_per_hr"):
+        Settings(safety={"max_evictions_per_hr": 3})

@@ -1,0 +1,103 @@
+"""The cluster-wide rails: bounds on everything the service does and the rules of the shared
+node history. They are the admin's, set in the service's configuration (``[safety]``,
+``[persistence]``, ``drain_persistent``), never in a policy file a job can pick."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from slurm_plugin.policy.history import HistoryParams
+
+
+class Strict(BaseModel):
+    """Frozen; unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PersistencePolicy(Strict):
+    """When a node counts as a persistent straggler, and when it is forgiven."""
+
+    incidents: int = Field(3, ge=2, description="Incidents within the window.")
+    distinct_jobs: int = Field(2, ge=2, description="...from at least this many jobs.")
+    window_days: float = Field(7.0, gt=0, description="Window for counting incidents, days.")
+    half_life_days: float = Field(3.0, gt=0, description="Decay half-life of incidents, days.")
+    forgive_after_days: float = Field(14.0, gt=0, description="Quiet days that clear a node.")
+    distinct_users: bool = Field(
+        False, description="Count distinct users instead of distinct jobs."
+    )
+    require_corroboration: bool = Field(
+        False,
+        description="Drain only nodes with at least one incident backed by hardware evidence "
+        "(sidecar throttle reasons/XIDs/low clocks, or a prolog finding): timing alone, which a "
+        "job's user controls, then never drains a node.",
+    )
+
+    def params(self) -> HistoryParams:
+        """The node history's parameters."""
+        day = 86400.0
+        return HistoryParams(
+            incidents=self.incidents,
+            distinct_jobs=self.distinct_jobs,
+            window_s=self.window_days * day,
+            half_life_s=self.half_life_days * day,
+            forgive_after_s=self.forgive_after_days * day,
+            require_corroboration=self.require_corroboration,
+        )
+
+
+class SafetyPolicy(Strict):
+    """Bounds on everything the service does, whatever the detections say."""
+
+    max_evictions_per_hour: int = Field(10, ge=0, description="Cluster-wide eviction budget.")
+    max_partition_drained_fraction: float = Field(
+        0.05, ge=0, le=1, description="Never drain beyond this fraction of a partition."
+    )
+    min_spare_nodes: int = Field(
+        0,
+        ge=0,
+        description="Usable nodes that must remain in the partition beyond what the job needs "
+        "once the straggler is excluded (a slow job beats one that can never start).",
+    )
+    breaker_max_nodes: int = Field(
+        5,
+        ge=1,
+        description="Circuit breaker: more distinct straggler nodes than this within "
+        "breaker_window_s stops all actions until an admin resumes.",
+    )
+    breaker_window_s: float = Field(600.0, gt=0, description="Window of the circuit breaker.")
+
+
+class ClusterRails(Strict):
+    """Everything that bounds the service for all jobs at once."""
+
+    safety: SafetyPolicy = Field(default_factory=SafetyPolicy)
+    persistence: PersistencePolicy = Field(default_factory=PersistencePolicy)
+    drain_persistent: bool = Field(
+        False,
+        description="Drain nodes whose history turns persistent (also needs the default "
+        'policy\'s mode = "evict", and never in a dry run).',
+    )
+
+
+#: Where a rail sat in a policy file before it became a setting.
+RAIL_KEYS = {
+    ("safety",): "[safety]",
+    ("persistence",): "[persistence]",
+    ("actions", "drain_persistent"): "drain_persistent",
+}
+
+
+def rails_in(policy: dict[str, Any]) -> list[str]:
+    """The cluster rails a policy's raw data tries to set (they belong in the service's
+    configuration)."""
+    found = []
+    for path, shown in RAIL_KEYS.items():
+        node: Any = policy
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None:
+            found.append(shown)
+    return found
