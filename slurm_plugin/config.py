@@ -21,6 +21,7 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
 )
 
 from slurm_plugin.errors import ConfigError
@@ -36,6 +37,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="STRAGGLER_",
         extra="forbid",
+        allow_inf_nan=False,
         frozen=True,
         validate_default=True,
     )
@@ -244,6 +246,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError("settings file is not readable", path=path) from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML: {exc}", path=path) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from exc
 
 
 def _describe(exc: ValidationError) -> tuple[str, str | None]:
@@ -308,6 +312,13 @@ def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings
     merged.update(overrides)
     try:
         return Settings(**merged)
+    except SettingsError as exc:  # an environment value that is not the JSON a list needs
+        field = next((f for f in Settings.model_fields if f'"{f}"' in str(exc)), None)
+        raise ConfigError(
+            f"environment variable {_env_name(field or '?')} is not valid: lists and tables "
+            'are JSON there, e.g. [48, 79] or {"incidents": 3}',
+            field=field,
+        ) from exc
     except ValidationError as exc:
         message, field = _describe(exc)
         from_env = field is not None and _env_name(field) in os.environ and field not in merged

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import getpass
 import json
+import os
 import re
+import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,27 +17,38 @@ from typing import Any
 import click
 import numpy as np
 
-from slurm_plugin.cli.output import emit_json, emit_rows, emit_table
+from slurm_plugin.cli.output import emit_json, emit_rows, emit_table, printable
 from slurm_plugin.config import Settings
-from slurm_plugin.errors import StragglerError
-from slurm_plugin.policy.history import NodeHistory
+from slurm_plugin.errors import ConfigError, StragglerError
+from slurm_plugin.policy.history import HistoryParams, NodeHistory
 from slurm_plugin.policy.loader import active_policies, load_policy
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.factory import build
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.metrics import Metrics
+from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
+from slurm_plugin.slurm.model import NodeInfo
+from slurm_plugin.slurm.scheduler import Scheduler
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 _AUDIT_ID = re.compile(r"\d{1,20}-\d{1,20}")
 
 
+#: The longest duration any command takes (--for, --since): ten years.
+MAX_DURATION_S = 3650 * 86400.0
+
+
 def parse_duration(text: str) -> float:
-    """``90``, ``30s``, ``30m``, ``2h``, ``1d`` -> seconds."""
+    """``90``, ``30s``, ``30m``, ``2h``, ``1d`` -> seconds; more than 0, at most ten years."""
     match = _DURATION.match(text.strip())
     if not match:
-        raise click.BadParameter(f"{text!r} is not a duration like 30m, 2h, 1d")
-    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+        raise click.BadParameter(f"{text[:40]!r} is not a duration like 30m, 2h, 1d")
+    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+    seconds = float(match.group(1)) * unit
+    if not 0 < seconds <= MAX_DURATION_S:
+        raise click.BadParameter(f"{text[:40]!r}: a duration is more than 0 and at most 3650d")
+    return seconds
 
 
 @click.command("serve")
@@ -41,13 +56,25 @@ def parse_duration(text: str) -> float:
 @click.option("--dry-run", is_flag=True, help="Detect and decide, but never act on Slurm.")
 @click.pass_obj
 def serve(settings: Settings, once: bool, dry_run: bool) -> None:
-    """Run the policy service (leader-elected; a second instance waits as a standby)."""
+    """Run the policy service (leader-elected; a second instance waits as a standby). A fatal
+    configuration (policies, Slurm commands, Redis) exits non-zero before taking the lock."""
+    for name in ("scontrol", "squeue", "sinfo"):
+        if shutil.which(settings.slurm_command(name)) is None:
+            raise ConfigError(
+                f"Slurm command {settings.slurm_command(name)!r} not found (hint: install the "
+                "Slurm client commands or set slurm_bin_dir)",
+                field="slurm_bin_dir",
+            )
     scheduler, state, store = build(settings)
+    state.r.ping()  # Redis unreachable: one line from the CLI, before anything else
     service = Service(
         settings, scheduler, state, store, dry_run=dry_run, metrics=Metrics(settings.metrics_port)
     )
+    service.reload_policies()  # no policy directory or no valid default policy: exit here
     with contextlib.suppress(KeyboardInterrupt):
-        service.run(once=once)
+        report = service.run(once=once)
+        if once and report.error:
+            raise StragglerError(f"the cycle failed: {report.error}")
 
 
 @click.group("policy")
@@ -111,6 +138,7 @@ def policy_apply(settings: Settings, path: Path) -> None:
     loaded = load_policy(path)
     _, state, _ = build(settings)
     state.apply_policy(loaded.name, loaded.model_dump_json())
+    _audit(state, "policy_apply", policy=loaded.name)
     click.echo(f"applied policy {loaded.name!r}; the service uses it from its next cycle")
 
 
@@ -142,23 +170,37 @@ def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[st
     return lines
 
 
-def _node_row(h: NodeHistory, now: float) -> dict[str, Any]:
+def _node_row(h: NodeHistory, now: float, params: HistoryParams) -> dict[str, Any]:
     return {
         "node": h.node,
         "state": h.state,
         "incidents": len(h.incidents),
         "jobs": len({i.job_id for i in h.incidents}),
-        "score": round(h.score(now, _hist_params()), 2),
+        "score": round(h.score(now, params), 2),
         "last_incident": time.strftime("%Y-%m-%d %H:%M", time.gmtime(h.last_incident))
         if h.last_incident
         else "-",
     }
 
 
-def _hist_params() -> Any:
-    from slurm_plugin.policy.history import HistoryParams  # noqa: PLC0415
+def actor() -> str:
+    """Who runs this command: the login behind sudo when there is one."""
+    return os.environ.get("SUDO_USER") or getpass.getuser()
 
-    return HistoryParams()
+
+def _audit(state: ServiceState, action: str, **fields: Any) -> None:
+    """Record an admin action in the audit trail, with who did it."""
+    state.save_decision(
+        marks.new_decision_id(), {"state": "recorded", "action": action, "by": actor(), **fields}
+    )
+
+
+def _slurm_node(scheduler: Scheduler, name: str) -> NodeInfo:
+    """The node as Slurm knows it; an error when Slurm does not (never a ghost node)."""
+    found = next((n for n in scheduler.nodes() if n.name == name), None)
+    if found is None:
+        raise StragglerError(f"Slurm knows no node {printable(name[:64])!r} (hint: sinfo -N)")
+    return found
 
 
 @click.command("nodes")
@@ -169,7 +211,8 @@ def nodes(settings: Settings, wanted: str | None, as_json: bool) -> None:
     """Nodes with a straggler history."""
     _, state, _ = build(settings)
     now = time.time()
-    rows = [_node_row(h, now) for h in state.nodes() if wanted in (None, h.state)]
+    params = settings.persistence.params()
+    rows = [_node_row(h, now, params) for h in state.nodes() if wanted in (None, h.state)]
     emit_rows(
         rows, ["node", "state", "incidents", "jobs", "score", "last_incident"], as_json=as_json
     )
@@ -202,10 +245,11 @@ def node_show(settings: Settings, name: str) -> None:
 def node_forgive(settings: Settings, name: str) -> None:
     """Clear a node's history and resume it if (and only if) we drained it."""
     scheduler, state, _ = build(settings)
+    slurm = _slurm_node(scheduler, name)  # Slurm first: unknown or unreachable changes nothing
     old = state.node_history(name)
     state.save_node_history(NodeHistory(name, forgiven=old.forgiven + 1))
     state.withdraw_refusal(name)
-    slurm = next((n for n in scheduler.nodes() if n.name == name), None)
+    _audit(state, "forgive", node=name, was=old.state)
     resumed = False
     if slurm is not None and not slurm.usable:
         resumed = Executor(scheduler, state).resume_ours(
@@ -235,7 +279,8 @@ def node_forgive(settings: Settings, name: str) -> None:
 @click.pass_obj
 def node_mark(settings: Settings, name: str, new_state: str) -> None:
     """Set a node's straggler state by hand (recorded in the audit)."""
-    _, state, _ = build(settings)
+    scheduler, state, _ = build(settings)
+    _slurm_node(scheduler, name)  # Slurm first: an unknown node gets no ghost history
     old = state.node_history(name)
     now = time.time()
     state.save_node_history(
@@ -259,7 +304,7 @@ def node_mark(settings: Settings, name: str, new_state: str) -> None:
             "node": name,
             "was": old.state,
             "now": new_state,
-            "by": "cli",
+            "by": actor(),
         },
     )
     click.echo(f"{name}: {old.state} -> {new_state}")
@@ -271,6 +316,7 @@ def node_mark(settings: Settings, name: str, new_state: str) -> None:
 def jobs(settings: Settings, as_json: bool) -> None:
     """Running jobs and what the service knows of them."""
     scheduler, state, _ = build(settings)
+    state.r.ping()  # Redis away is an error even when no job runs
     rows = []
     for job in scheduler.jobs():
         if not job.running:
@@ -368,8 +414,9 @@ def pause(settings: Settings, duration: str) -> None:
     """Stop all actions for a while (detection and audit go on)."""
     seconds = parse_duration(duration)
     _, state, _ = build(settings)
-    state.pause(seconds, who="cli")
-    click.echo(f"paused for {seconds:.0f} s")
+    state.pause(seconds, who=actor())
+    _audit(state, "pause", seconds=round(seconds))
+    click.echo(f"paused for {_span(seconds)}")
 
 
 @click.command("resume")
@@ -378,6 +425,7 @@ def resume(settings: Settings) -> None:
     """Lift a pause and close the circuit breaker."""
     _, state, _ = build(settings)
     state.resume()
+    _audit(state, "resume")
     click.echo("actions resumed")
 
 
@@ -416,23 +464,53 @@ def audit(
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def status(settings: Settings, as_json: bool) -> None:
-    """Heartbeat, pause and circuit breaker."""
+    """Heartbeat, pause and circuit breaker. Exits 1 when no service has cycled recently (no
+    heartbeat, or one older than ``stale_after_s``): a health check for systemd or monitoring."""
     _, state, _ = build(settings)
+    now = time.time()
+    beat = state.last_heartbeat()
+    ts = beat.get("ts") if beat else None
+    age = round(now - ts, 1) if isinstance(ts, int | float) else None
+    stale_after = max(30.0, 10 * settings.service_interval_s)
+    healthy = age is not None and age <= stale_after
+    paused = state.paused()
     data = {
-        "heartbeat": state.last_heartbeat(),
-        "paused_s": state.paused(),
+        "healthy": healthy,
+        "heartbeat": beat,
+        "heartbeat_age_s": age,
+        "stale_after_s": stale_after,
+        "paused_s": round(paused) if paused else None,
         "breaker": state.breaker(),
         "open_decisions": len(state.open_decisions()),
     }
     if as_json:
         emit_json(data)
-        return
-    beat = state.last_heartbeat()
-    click.echo(f"service: {'alive, ' + str(beat['instance']) if beat else 'no heartbeat'}")
-    click.echo(
-        f"paused: {data['paused_s'] or 'no'}; circuit breaker: "
-        f"{data['breaker'] or 'closed'}; open decisions: {data['open_decisions']}"
-    )
+    else:
+        if beat is None or age is None:
+            line = "no heartbeat (hint: is `straggler serve` running, on this redis_url?)"
+        else:
+            line = (
+                f"{'alive' if healthy else 'STALE'}, {printable(str(beat.get('instance')))}, "
+                f"last cycle {age:g} s ago"
+                + ("" if healthy else f" (stale after {stale_after:g} s)")
+            )
+        click.echo(f"service: {line}")
+        breaker = printable(str(data["breaker"] or "closed"))
+        click.echo(
+            f"paused: {'for ' + _span(paused) + ' more' if paused else 'no'}; circuit breaker: "
+            f"{breaker}; open decisions: {data['open_decisions']}"
+        )
+    if not healthy:
+        sys.exit(1)
+
+
+def _span(seconds: float) -> str:
+    """1799.6 -> '29m 60s' style, coarse: '29m 59s', '2h 5m', '3d 1h'."""
+    s = int(seconds)
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60)):
+        if s >= size:
+            return f"{s // size}{unit} {s % size // sub_size}{sub}"
+    return f"{s // 60}m {s % 60}s" if s >= 60 else f"{s}s"
 
 
 SBATCH_HELP = """\

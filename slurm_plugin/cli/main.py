@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 
 import click
+import redis
+import structlog
 
 from slurm_plugin._version import __version__
 from slurm_plugin.cli.admin import COMMANDS as ADMIN_COMMANDS
@@ -18,16 +20,46 @@ from slurm_plugin.config import Settings, load_settings, redact_url, resolve_con
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.logging import configure_logging
 
+log = structlog.get_logger(__name__)
+
 
 class _Group(click.Group):
-    """Turns our own errors into one clear line and exit status 2, never a traceback."""
+    """Turns every error into one clear line with a hint and a non-zero exit, never a
+    traceback (``--log-level debug`` logs it)."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
         except StragglerError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
+            _fail(f"error: {exc}", 2)
+        except redis.RedisError as exc:
+            url = ctx.obj.redis_url if isinstance(ctx.obj, Settings) else "(unknown)"
+            _fail(
+                f"error: Redis at {redact_url(url)} failed: {_one_line(exc)} (hint: check "
+                "redis_url / STRAGGLER_REDIS_URL and that redis-server is running)",
+                3,
+            )
+        except Exception as exc:  # the CLI boundary: one line, never a traceback
+            log.debug("cli.unexpected_error", exc_info=True)
+            _fail(
+                f"error: unexpected {type(exc).__name__}: {_one_line(exc)} (hint: "
+                "--log-level debug logs the traceback; please report it)",
+                1,
+            )
+        return None
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one printable line, at most 300 characters."""
+    text = " ".join(str(exc).split())
+    return "".join(c if c.isprintable() else "?" for c in text)[:300]
+
+
+def _fail(line: str, code: int) -> None:
+    click.echo(line, err=True)
+    sys.exit(code)
 
 
 @click.group(cls=_Group)

@@ -21,6 +21,8 @@ def load_policy(path: Path) -> Policy:
         raise ConfigError(f"cannot read policy: {exc.strerror}", path=path) from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML: {exc}", path=path) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from exc
     data.setdefault("name", path.stem)
     misplaced = rails_in(data)
     if misplaced:

@@ -12,19 +12,25 @@ from slurm_plugin.policy.history import HistoryParams
 
 
 class Strict(BaseModel):
-    """Frozen; unknown keys are errors."""
+    """Frozen; unknown keys, infinities and NaN are errors."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class PersistencePolicy(Strict):
     """When a node counts as a persistent straggler, and when it is forgiven."""
 
-    incidents: int = Field(3, ge=2, description="Incidents within the window.")
-    distinct_jobs: int = Field(2, ge=2, description="...from at least this many jobs.")
-    window_days: float = Field(7.0, gt=0, description="Window for counting incidents, days.")
-    half_life_days: float = Field(3.0, gt=0, description="Decay half-life of incidents, days.")
-    forgive_after_days: float = Field(14.0, gt=0, description="Quiet days that clear a node.")
+    incidents: int = Field(3, ge=2, le=1000, description="Incidents within the window.")
+    distinct_jobs: int = Field(2, ge=2, le=1000, description="...from at least this many jobs.")
+    window_days: float = Field(
+        7.0, gt=0, le=3650, description="Window for counting incidents, days."
+    )
+    half_life_days: float = Field(
+        3.0, gt=0, le=3650, description="Decay half-life of incidents, days."
+    )
+    forgive_after_days: float = Field(
+        14.0, gt=0, le=3650, description="Quiet days that clear a node."
+    )
     distinct_users: bool = Field(
         False, description="Count distinct users instead of distinct jobs."
     )
@@ -51,23 +57,29 @@ class PersistencePolicy(Strict):
 class SafetyPolicy(Strict):
     """Bounds on everything the service does, whatever the detections say."""
 
-    max_evictions_per_hour: int = Field(10, ge=0, description="Cluster-wide eviction budget.")
+    max_evictions_per_hour: int = Field(
+        10, ge=0, le=100_000, description="Cluster-wide eviction budget."
+    )
     max_partition_drained_fraction: float = Field(
         0.05, ge=0, le=1, description="Never drain beyond this fraction of a partition."
     )
     min_spare_nodes: int = Field(
         0,
         ge=0,
+        le=100_000,
         description="Usable nodes that must remain in the partition beyond what the job needs "
         "once the straggler is excluded (a slow job beats one that can never start).",
     )
     breaker_max_nodes: int = Field(
         5,
         ge=1,
+        le=100_000,
         description="Circuit breaker: more distinct straggler nodes than this within "
         "breaker_window_s stops all actions until an admin resumes.",
     )
-    breaker_window_s: float = Field(600.0, gt=0, description="Window of the circuit breaker.")
+    breaker_window_s: float = Field(
+        600.0, gt=0, le=7 * 86400, description="Window of the circuit breaker."
+    )
 
 
 class ClusterRails(Strict):

@@ -27,13 +27,20 @@ class DetectionPolicy(Strict):
         description="Rank-steps between false alarms (default: one a month on 16,384 GPUs at "
         "one step per second).",
     )
-    warmup_steps: int = Field(20, ge=0, description="Steps ignored after each (re)start.")
-    hang_timeout_s: float = Field(300.0, gt=0, description="No progress this long is a hang.")
+    warmup_steps: int = Field(
+        20, ge=0, le=100_000, description="Steps ignored after each (re)start."
+    )
+    hang_timeout_s: float = Field(
+        300.0, gt=0, le=86400, description="No progress this long is a hang."
+    )
     input_min_slowdown_pct: float = Field(
-        10.0, gt=0, description="Smallest data-loading excess (% of compute) to report."
+        10.0, gt=0, le=10_000, description="Smallest data-loading excess (% of compute) to report."
     )
     sync_stall_min_rise_pct: float = Field(
-        20.0, gt=0, description="Job-wide wait rise (% of step time) that is a sync stall."
+        20.0,
+        gt=0,
+        le=10_000,
+        description="Job-wide wait rise (% of step time) that is a sync stall.",
     )
 
     clip: float = Field(
@@ -65,9 +72,12 @@ class ActionPolicy(Strict):
         description="How a job hears about detections: its AdminComment (comment), the service "
         "log only (log), or not at all (off).",
     )
-    max_requeues: int = Field(2, ge=0, description="Most evictions of one job.")
+    max_requeues: int = Field(2, ge=0, le=100, description="Most evictions of one job.")
     cooldown_s: float = Field(
-        900.0, ge=0, description="Seconds after an eviction before the same job is evicted again."
+        900.0,
+        ge=0,
+        le=30 * 86400,
+        description="Seconds after an eviction before the same job is evicted again.",
     )
     when: Literal["now", "after_checkpoint"] = Field(
         "after_checkpoint",
@@ -75,16 +85,23 @@ class ActionPolicy(Strict):
         "the job reports checkpoints.",
     )
     max_wait_s: float = Field(
-        900.0, ge=0, description="Longest wait for a checkpoint before evicting anyway."
+        900.0,
+        ge=0,
+        le=7 * 86400,
+        description="Longest wait for a checkpoint before evicting anyway.",
     )
     restart_cost_s: float = Field(
         180.0,
         ge=0,
+        le=86400,
         description="Seconds a requeue costs beyond lost work: Slurm's requeue delay "
         "(AuthInfo cred_expire, 120 s by default) plus start-up.",
     )
     assume_remaining_s: float = Field(
-        3600.0, gt=0, description="Remaining run assumed when the job has no time limit."
+        3600.0,
+        gt=0,
+        le=365 * 86400,
+        description="Remaining run assumed when the job has no time limit.",
     )
 
 

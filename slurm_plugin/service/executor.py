@@ -15,7 +15,7 @@ through is released anyway (``failed``, "released without exclusion") rather tha
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import structlog
 
@@ -222,6 +222,36 @@ class Executor:
                 self._finish(decision_id, job_id, node, before, held_at)
             done.append(decision_id)
         return done
+
+    def release_orphans(self, jobs: Sequence[JobInfo]) -> list[str]:
+        """Slurm is the source of truth for what we did to it: a job held with our eviction
+        mark whose decision Redis does not know (a restart without persistence lost it) is
+        released, never left held, and the release audited. A known decision is recover()'s;
+        a hold without our eviction mark is someone else's and left alone."""
+        released = []
+        why = "which Redis does not know (lost in a restart?): released rather than left held"
+        for job in jobs:
+            if not job.held:
+                continue
+            mark = job.admin_comment.rsplit(" | ", 1)[-1]
+            ours = marks.decision_of(mark)
+            if ours is None or " evict [" not in mark or self.state.decision(ours):
+                continue
+            self.slurm.release(job.job_id)
+            self.state.save_decision(
+                marks.new_decision_id(),
+                {
+                    "state": "recorded",
+                    "action": "release",
+                    "job_id": job.job_id,
+                    "of": ours,
+                    "by": "reconcile",
+                    "reasons": [f"held with our eviction mark {ours}, {why}"],
+                },
+            )
+            log.warning("executor.orphan_released", job_id=job.job_id, decision_id=ours)
+            released.append(job.job_id)
+        return released
 
     # -- marks ------------------------------------------------------------------------------------
     def annotate(self, job: JobInfo, text: str) -> None:

@@ -7,6 +7,7 @@ context and the next one runs anyway.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -43,6 +44,8 @@ from slurm_plugin.telemetry import credentials
 from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)
+#: Cycles failing in a row after which a leader gives its lock up (a standby may do better).
+STEP_DOWN_AFTER = 3
 
 
 @dataclass
@@ -102,6 +105,8 @@ class Service:
         self._job_policy: dict[str, str] = {}
         self._node_rails = NodeRails(state, self.executor, dry_run=dry_run)
         self._recheck = Recheck(store)
+        self._failures = 0  # cycles failed in a row
+        self._standby_until = 0.0  # after stepping down: do not take the lock before this
         #: The cluster-wide rails: the service's settings, never a job's policy.
         self.rails = settings.rails
 
@@ -149,16 +154,30 @@ class Service:
         report = CycleReport()
         try:
             self._cycle(report)
+            self._failures = 0
         except Exception as exc:  # the loop boundary: one bad cycle never stops the next
-            report.error = f"{type(exc).__name__}: {exc}"
+            where = "Redis " if isinstance(exc, redis.RedisError) else ""
+            report.error = f"{where}{type(exc).__name__}: {exc}"
             self.metrics.errors.labels(system=type(exc).__name__).inc()
-            log.exception("service.cycle_failed", error=report.error)
+            if isinstance(exc, StragglerError | redis.RedisError):  # Slurm or Redis away
+                log.error("service.cycle_failed", error=report.error)  # noqa: TRY400
+            else:  # a bug: the traceback is for us
+                log.exception("service.cycle_failed", error=report.error)
+            self._failures += 1
+            if self._failures >= STEP_DOWN_AFTER:  # a broken leader never blocks a standby
+                with contextlib.suppress(redis.RedisError):
+                    if self.state.step_down(self.instance):
+                        log.error("service.stepped_down", failures=self._failures)  # noqa: TRY400
+                # Stand by for two lock lives: a healthy standby takes over meanwhile.
+                self._standby_until = time.monotonic() + 2 * self.lock_ttl_s
         report.duration_s = time.monotonic() - started
         self.metrics.cycle_seconds.observe(report.duration_s)
         return report
 
     def _cycle(self, report: CycleReport) -> None:
         now = self.clock()
+        if time.monotonic() < self._standby_until:
+            return
         report.leader = self.state.lead(self.instance, ttl_s=self.lock_ttl_s)
         if not report.leader:
             return
@@ -167,6 +186,8 @@ class Service:
         # (timeouts, a restarting slurmctld) are finished as soon as it answers again.
         self.executor.recover()
         jobs = self.slurm.jobs()
+        if not self.dry_run:
+            self.executor.release_orphans(jobs)
         self._sweep_credentials({j.job_id for j in jobs})
         running = {j.job_id: j for j in jobs if j.running}
         nodes = tuple(self.slurm.nodes())
@@ -445,6 +466,10 @@ class Service:
             if rec.get("waiting_for") == "resume"
             else ("checkpoint" if checkpointed else "max wait")
         )
+        mark = marks.reason(
+            f"compute {event.node}", f"+{event.slowdown_pct:.1f}% evict", decision_id
+        )
+        self._annotate(job, mark, policy)  # our mark on the job before we hold it
         outcome = self._evict(decision_id, job, event.node, {"after": after}, now)
         report.decisions.append({"id": decision_id, "action": "evict", "outcome": outcome})
 
@@ -462,8 +487,8 @@ class Service:
             log.warning("service.annotate_failed", job_id=job.job_id, error=str(exc))
 
     # -- the loop -----------------------------------------------------------------------------
-    def run(self, *, once: bool = False, stop: threading.Event | None = None) -> None:
-        """Cycle every ``service_interval_s`` until stopped."""
+    def run(self, *, once: bool = False, stop: threading.Event | None = None) -> CycleReport:
+        """Cycle every ``service_interval_s`` until stopped; returns the last cycle's report."""
         stop = stop or threading.Event()
         while True:
             report = self.cycle()
@@ -477,7 +502,7 @@ class Service:
                 error=report.error,
             )
             if once or stop.wait(self.settings.service_interval_s):
-                return
+                return report
 
 
 def _round(value: float | None) -> float | None:

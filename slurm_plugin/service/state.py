@@ -36,6 +36,12 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+_DELETE_IF_OWNER = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('del', KEYS[1])
+end
+return 0
+"""
 
 
 class ServiceState:
@@ -322,6 +328,10 @@ class ServiceState:
         if self.r.set(keys.LEADER, instance, nx=True, px=ttl_ms):
             return True
         return bool(self.r.eval(_EXTEND_IF_OWNER, 1, keys.LEADER, instance, ttl_ms))
+
+    def step_down(self, instance: str) -> bool:
+        """Give the lock up (only if ``instance`` holds it), so a standby can lead."""
+        return bool(self.r.eval(_DELETE_IF_OWNER, 1, keys.LEADER, instance))
 
     def leads(self, instance: str) -> bool:
         """The fence before every Slurm action: the lock still names ``instance``."""

@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from slurm_plugin.config import Settings
+from slurm_plugin.errors import SlurmError
 from slurm_plugin.health.checks import verdict
 from slurm_plugin.health.hook import HookResult, _redis_prolog
 from slurm_plugin.policy.history import Incident, NodeHistory
@@ -234,7 +235,9 @@ def test_one_waiting_decision_and_max_wait_is_honoured(make_loop: Callable[..., 
     _run(loop, 600, 2, {"node3": 2.0})
     (decision,) = loop.state.job_decisions("5")
     assert (decision["state"], decision["after"]) == ("verified", "max wait")
-    assert [c[0] for c in slurm.changes] == ["requeue_hold", "set_excluded", "release"]
+    # Our mark (with the decision id) goes on the job before it is held.
+    assert [c[0] for c in slurm.changes] == ["annotate", "requeue_hold", "set_excluded", "release"]
+    assert decision["id"] in slurm.changes[0][2]
     assert loop.state.job("5")["evictions"] == "1"
     assert loop.state.open_decisions() == []
 
@@ -477,7 +480,8 @@ def test_a_straggler_found_during_a_pause_is_acted_on_after_it(
     _run(loop, 450, 1, {"node3": 2.0})
     (done,) = loop.state.job_decisions("5")
     assert (done["state"], done["after"]) == ("verified", "resume")
-    assert [c[0] for c in slurm.changes][1:] == ["requeue_hold", "set_excluded", "release"]
+    changes = [c[0] for c in slurm.changes][1:]
+    assert changes == ["annotate", "requeue_hold", "set_excluded", "release"]
 
 
 @pytest.mark.parametrize(("cluster_policy", "job_policy", "dry_run"), [
@@ -579,3 +583,73 @@ def test_the_slowest_node_flagged_while_waiting_is_the_one_evicted(
     )
     assert slurm.job_table["5"].excluded == ("node3",)
     assert len(loop.state.job_decisions("5")) == 1
+
+
+def test_a_job_held_with_our_mark_and_no_record_is_released(
+    make_loop: Callable[..., Loop],
+) -> None:
+    """Issue 18 item 1: Redis lost the decision of an eviction half done (a restart without
+    persistence); Slurm still holds the job with our eviction mark. The next cycle releases
+    it and audits why. A hold whose decision Redis knows, a hold without our mark and a hold
+    with our note of a decision that was no eviction are left alone."""
+    clock = FakeClock()
+
+    def held(job_id: str, comment: str) -> JobInfo:
+        return replace(
+            running_job(clock, job_id),
+            state="PENDING",
+            reason="JobHeldUser",
+            priority=0,
+            nodes=(),
+            restarts=1,
+            admin_comment=comment,
+        )
+
+    jobs = [
+        held("21", "straggler: compute node3 +40.0% evict [d-00000000aaaa]"),
+        held("22", "straggler: compute node3 +40.0% evict [d-00000000bbbb]"),
+        held("23", "maintenance hold by bob"),
+        held("24", "bob's note | straggler: compute node3 +40.0% annotate [d-00000000cccc]"),
+    ]
+    slurm = FakeScheduler(jobs, NODES)
+    loop = make_loop(slurm, clock, "a")
+    loop.state.save_decision("d-00000000bbbb", {"state": "verified", "action": "evict"})
+    report = loop.service.cycle()
+    assert report.error is None, report.error
+    assert [c[:2] for c in slurm.changes] == [("release", "21")]
+    assert slurm.job_table["21"].state == "RUNNING"
+    assert all(slurm.job_table[j].held for j in ("22", "23", "24"))
+    (entry,) = [e for e in loop.state.audit() if e.get("action") == "release"]
+    assert (entry["job_id"], entry["of"], entry["by"]) == ("21", "d-00000000aaaa", "reconcile")
+    dry = make_loop(
+        FakeScheduler([held("25", jobs[0].admin_comment)], NODES), clock, "b", dry_run=True
+    )
+    assert loop.state.step_down("a")
+    assert dry.service.cycle().leader
+    assert dry.slurm.changes == []  # a dry run never changes Slurm, not even to release
+
+
+def test_a_broken_leader_steps_down_for_a_good_standby(make_loop: Callable[..., Loop]) -> None:
+    """Issue 18 item 3: instance A, whose every cycle fails (its Slurm answers nothing), leads
+    first; after three failed cycles it gives the lock up and stands by, the good instance B
+    takes over and evicts the straggler."""
+    clock = FakeClock()
+    shared = FakeScheduler([running_job(clock)], NODES)
+    broken = FakeScheduler()
+    broken.job_table, broken.node_table = shared.job_table, shared.node_table
+    broken.fail["jobs"] = SlurmError(
+        "squeue: slurm_load_jobs error: Unable to contact slurm controller"
+    )
+    a = make_loop(broken, clock, "a", lock_ttl_s=1.0)
+    b = make_loop(shared, clock, "b", lock_ttl_s=1.0)
+    reports = [a.service.cycle() for _ in range(3)]
+    assert all(r.leader and r.error and "slurm controller" in r.error for r in reports)
+    assert a.state.leads("a") is False
+    for cycle in range(20):
+        publish(b, shared.job_table["5"], range(cycle * 10, cycle * 10 + 10), {"node3": 2.0})
+        assert not a.service.cycle().leader  # standing by
+        assert b.service.cycle().leader
+        clock.advance(1)
+        if shared.job_table["5"].restarts:
+            break
+    assert shared.job_table["5"].excluded == ("node3",)

@@ -1,0 +1,132 @@
+"""Every admin command when Redis is unreachable and when slurmctld is stopped: a non-zero exit
+and at most three lines naming what failed, never a traceback (issue 18)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import click
+import pytest
+
+from slurm_plugin.cli.main import cli
+from slurm_plugin.devcluster import DevCluster
+from tests.integration.conftest import REPO, free_port
+
+# Every leaf command of the click tree that reads or writes Redis, with arguments.
+REDIS_COMMANDS = {
+    "status": [],
+    "nodes": [],
+    "node show": ["node1"],
+    "node forgive": ["node1"],
+    "node mark": ["node1", "--state", "ok"],
+    "jobs": [],
+    "job show": ["1"],
+    "pause": ["--for", "1m"],
+    "resume": [],
+    "audit": [],
+    "policy list": [],
+    "policy show": ["observe"],
+    "policy apply": [str(REPO / "policies" / "evict.toml")],
+    "policy diff": [str(REPO / "policies" / "evict.toml")],
+    "export": ["1"],
+    "serve": ["--once"],
+}
+# Every leaf command that asks Slurm.
+SLURM_COMMANDS = ["jobs", "node show", "node forgive", "node mark", "serve"]
+# Commands that touch neither (or run the dev cluster / a daemon of their own).
+NEITHER = {
+    "config show",
+    "backtest",
+    "policy validate",
+    "sbatch-options",
+    "demo",
+    "devcluster up",
+    "devcluster down",
+    "devcluster status",
+    "devcluster env",
+    "sidecar",
+}
+
+
+def _leaves(command: click.Command, path: tuple[str, ...] = ()) -> Iterator[str]:
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from _leaves(sub, (*path, name))
+    else:
+        yield " ".join(path)
+
+
+def test_the_lists_cover_the_whole_command_tree() -> None:
+    """A new command must say here whether it touches Redis (then it is tested below)."""
+    assert set(_leaves(cli)) == set(REDIS_COMMANDS) | NEITHER
+
+
+def _run(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "slurm_plugin.cli.main", *command.split(), *REDIS_COMMANDS[command]],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _assert_one_line_failure(result: subprocess.CompletedProcess[str], what: str) -> None:
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    assert result.returncode != 0, lines
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert 1 <= len(lines) <= 3, lines
+    assert what in lines[-1], lines
+
+
+@pytest.mark.parametrize("command", sorted(REDIS_COMMANDS))
+def test_redis_unreachable(cluster: DevCluster, command: str) -> None:
+    """Redis refuses connections: each command says so on one line, exit 3."""
+    env = {
+        **os.environ,
+        **cluster.env(),
+        "STRAGGLER_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "STRAGGLER_POLICY_DIR": str(REPO / "policies"),
+    }
+    result = _run(command, env)
+    _assert_one_line_failure(result, "Redis at redis://127.0.0.1:")
+    assert result.returncode == 3
+
+
+@pytest.fixture(scope="module")
+def no_slurmctld(cluster: DevCluster) -> Iterator[None]:
+    """slurmctld stopped (SIGTERM, as an admin's restart does) for the module's tests; the
+    cluster comes back afterwards."""
+    pidfile = cluster.base / "run" / "slurmctld.pid"
+    pid = int(pidfile.read_text().split()[0])
+    os.kill(pid, 15)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    yield
+    cluster.up()
+
+
+@pytest.mark.parametrize("command", SLURM_COMMANDS)
+def test_slurmctld_stopped(cluster: DevCluster, no_slurmctld: None, command: str) -> None:
+    """slurmctld is away: the commands that ask Slurm fail on one line (Slurm's silence is
+    never read as "no jobs" or "no such node") and change nothing."""
+    env = {
+        **os.environ,
+        **cluster.env(),
+        "STRAGGLER_POLICY_DIR": str(REPO / "policies"),
+        "STRAGGLER_COMMAND_TIMEOUT_S": "20",
+    }
+    result = _run(command, env)
+    _assert_one_line_failure(result, "error:")
+    assert result.returncode == 2
