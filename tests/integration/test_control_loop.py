@@ -242,6 +242,18 @@ def test_one_waiting_decision_and_max_wait_is_honoured(make_loop: Callable[..., 
     assert loop.state.open_decisions() == []
 
 
+def _flag_while_waiting_for_a_checkpoint(loop: Loop) -> None:
+    """Job 5 reports checkpoints; node3 computes 2x slower until the service flags it and the
+    decision waits for the next checkpoint."""
+    checkpoint = {"name": "checkpoint_end", "ts": loop.clock() - 60, "step": 0}
+    loop.store.publish("5", events=[checkpoint])
+    for cycle in range(30):
+        _run(loop, cycle * 10, 1, {"node3": 2.0})
+        if loop.state.job_decisions("5"):
+            break
+    assert [d["state"] for d in loop.state.job_decisions("5")] == ["waiting"]
+
+
 def test_a_burst_that_is_over_is_not_evicted(make_loop: Callable[..., Loop]) -> None:
     """Issue 13 item 5: node3 is 2x slow for a while and then as fast as its peers before the
     job's next checkpoint; after the checkpoint the service re-checks the newest steps and
@@ -249,12 +261,7 @@ def test_a_burst_that_is_over_is_not_evicted(make_loop: Callable[..., Loop]) -> 
     clock = FakeClock()
     slurm = FakeScheduler([running_job(clock)], NODES)
     loop = make_loop(slurm, clock, "a")
-    loop.store.publish("5", events=[{"name": "checkpoint_end", "ts": clock() - 60, "step": 0}])
-    for cycle in range(30):
-        _run(loop, cycle * 10, 1, {"node3": 2.0})
-        if loop.state.job_decisions("5"):
-            break
-    assert [d["state"] for d in loop.state.job_decisions("5")] == ["waiting"]
+    _flag_while_waiting_for_a_checkpoint(loop)
     _run(loop, 400, 5, {})  # the burst is over
     loop.store.publish("5", events=[{"name": "checkpoint_end", "ts": clock(), "step": 440}])
     _run(loop, 450, 1, {})
@@ -290,12 +297,7 @@ def test_a_node_slightly_better_at_the_recheck_is_still_evicted(
     clock = FakeClock()
     slurm = FakeScheduler([running_job(clock, policy="strict")], NODES)
     loop = make_loop(slurm, clock, "a", policy_dir=policies)
-    loop.store.publish("5", events=[{"name": "checkpoint_end", "ts": clock() - 60, "step": 0}])
-    for cycle in range(30):
-        _run(loop, cycle * 10, 1, {"node3": 2.0})
-        if loop.state.job_decisions("5"):
-            break
-    assert [d["state"] for d in loop.state.job_decisions("5")] == ["waiting"]
+    _flag_while_waiting_for_a_checkpoint(loop)
     _run(loop, 400, 5, {"node3": after})
     loop.store.publish("5", events=[{"name": "checkpoint_end", "ts": clock(), "step": 440}])
     _run(loop, 450, 1, {"node3": after})
