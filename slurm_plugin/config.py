@@ -14,7 +14,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import Field, ValidationError
 from pydantic_settings import (
@@ -263,25 +263,43 @@ def _describe(exc: ValidationError) -> tuple[str, str | None]:
     return "; ".join(problems), first_field
 
 
+def _secret_param(name: str) -> bool:
+    """A URL query parameter that carries a credential (``password=``, ``auth=``...)."""
+    name = name.lower()
+    return "pass" in name or name in {"auth", "token", "secret"}
+
+
 def holds_secret(values: Mapping[str, Any]) -> bool:
-    """True when settings values carry a credential (a password in ``redis_url``)."""
+    """True when settings values carry a credential: a password in ``redis_url``, in its
+    userinfo or in its query (``?password=``)."""
     url = values.get("redis_url")
     if not isinstance(url, str) or "://" not in url:
         return False
     try:
-        return bool(urlsplit(url).password)
+        parts = urlsplit(url)
+        in_query = any(_secret_param(k) and v for k, v in parse_qsl(parts.query))
+        return bool(parts.password) or in_query
     except ValueError:
         return True  # unparsable: treat as secret, the URL check reports it later
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for output and messages)."""
-    if "@" not in url or "://" not in url:
+    """``url`` with every password (userinfo or query) replaced by ``***``, for output and
+    messages."""
+    if "://" not in url:
         return url
     scheme, _, rest = url.partition("://")
-    userinfo, _, host = rest.rpartition("@")
-    user = userinfo.split(":", 1)[0] if ":" in userinfo else userinfo
-    return f"{scheme}://{user}:***@{host}" if ":" in userinfo else url
+    rest, mark, query = rest.partition("?")
+    if "@" in rest:
+        userinfo, _, host = rest.rpartition("@")
+        if ":" in userinfo:
+            rest = f"{userinfo.split(':', 1)[0]}:***@{host}"
+    if query:
+        pairs = (p.partition("=") for p in query.split("&"))
+        query = "&".join(
+            f"{k}{eq}{'***' if eq and _secret_param(unquote(k)) else v}" for k, eq, v in pairs
+        )
+    return f"{scheme}://{rest}{mark}{query}"
 
 
 def check_private(path: Path) -> None:

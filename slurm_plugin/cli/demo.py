@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 from pathlib import Path
 
 import click
 
+from slurm_plugin.cli.common import json_option
+from slurm_plugin.cli.output import emit_json
 from slurm_plugin.config import Settings
 from slurm_plugin.devcluster import DevCluster
 
@@ -43,9 +46,16 @@ from slurm_plugin.devcluster import DevCluster
     show_default=True,
     help="Where the report goes.",
 )
+@json_option
 @click.pass_obj
 def demo(
-    settings: Settings, steps: int, slow_at: int, quota_pct: float, baseline: bool, out_dir: Path
+    settings: Settings,
+    steps: int,
+    slow_at: int,
+    quota_pct: float,
+    baseline: bool,
+    out_dir: Path,
+    as_json: bool,
 ) -> None:
     """Run a real DDP job on 3 of the 4 dev nodes, slow node3 down for real, and watch the
     service detect it and requeue the job without node3; then report."""
@@ -55,9 +65,11 @@ def demo(
     # SIGTERM (a CI runner, `timeout`) must run the clean-up below like Ctrl-C does: stop the
     # service, lift node3's CPU quota, restore the prolog. Python's default handler would not.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    # --json: progress on stderr, the summaries as one JSON document on stdout.
+    say = functools.partial(click.echo, err=as_json)
     cluster = DevCluster.from_settings(settings)
     status = cluster.up(spank=True)
-    click.echo(f"cluster up: {', '.join(f'{n} {s}' for n, s in status.nodes.items())}")
+    say(f"cluster up: {', '.join(f'{n} {s}' for n, s in status.nodes.items())}")
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = []
     evicted = run_scenario(
@@ -69,12 +81,12 @@ def demo(
         slow_at=slow_at,
         quota_pct=quota_pct,
         redis_db=13,
-        say=click.echo,
+        say=say,
     )
     runs.append((evicted, summarize(evicted)))
     ratio = None
     if baseline:
-        click.echo("\nbaseline: the same job under `observe` (detected, never evicted)")
+        say("\nbaseline: the same job under `observe` (detected, never evicted)")
         observed = run_scenario(
             settings,
             cluster,
@@ -84,13 +96,16 @@ def demo(
             slow_at=slow_at,
             quota_pct=quota_pct,
             redis_db=12,
-            say=click.echo,
+            say=say,
         )
         runs.append((observed, summarize(observed)))
         ratio = evicted.total_s / observed.total_s
     report = out_dir / "report.html"
     write_report(report, runs, ratio)
     (out_dir / "summary.json").write_text(json.dumps([s for _, s in runs], indent=2))
+    if as_json:
+        emit_json({"runs": [s for _, s in runs], "ratio": ratio, "report": str(report)})
+        return
     click.echo("\nsummary")
     for _, summary in runs:
         for key, value in summary.items():

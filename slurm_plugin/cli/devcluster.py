@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from slurm_plugin.cli.common import done, json_option
 from slurm_plugin.cli.output import emit_json, emit_table
 from slurm_plugin.config import Settings
 from slurm_plugin.devcluster import ClusterStatus, DevCluster
@@ -94,15 +95,17 @@ def up(
 
 @devcluster.command()
 @click.option("--keep-state", is_flag=True, help="Keep the base directory (logs, state).")
+@json_option
 @click.pass_obj
-def down(settings: Settings, keep_state: bool) -> None:
+def down(settings: Settings, keep_state: bool, as_json: bool) -> None:
     """Stop every process the cluster started and remove its /etc/hosts block."""
     stopped = DevCluster.from_settings(settings).down(keep_state=keep_state)
-    click.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    message = "stopped: " + (", ".join(stopped) if stopped else "nothing was running")
+    done(as_json, message, stopped=stopped)
 
 
 @devcluster.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @click.pass_obj
 def status(settings: Settings, as_json: bool) -> None:
     """Show the daemons, node states and Redis; exit 1 when the cluster is not ready."""
@@ -116,8 +119,13 @@ def status(settings: Settings, as_json: bool) -> None:
 
 
 @devcluster.command()
+@json_option
 @click.pass_obj
-def env(settings: Settings) -> None:
+def env(settings: Settings, as_json: bool) -> None:
     """Print the shell exports that point Slurm commands and our tools at the cluster."""
-    for key, value in DevCluster.from_settings(settings).env().items():
+    values = DevCluster.from_settings(settings).env()
+    if as_json:
+        emit_json(values)
+        return
+    for key, value in values.items():
         click.echo(f"export {key}={shlex.quote(value)}")

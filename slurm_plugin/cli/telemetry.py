@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from slurm_plugin.cli.common import json_option
 from slurm_plugin.cli.output import emit_json
 from slurm_plugin.config import Settings
 from slurm_plugin.telemetry.records import sort_records
@@ -29,9 +30,13 @@ def _store(settings: Settings) -> TelemetryStore:
     type=click.Path(path_type=Path, dir_okay=False),
     help="Trace CSV to write (default: stdout).",
 )
+@json_option
 @click.pass_obj
-def export(settings: Settings, job_id: str, output: Path | None) -> None:
-    """Write JOB_ID's step records from Redis as a trace CSV (the backtest's input)."""
+def export(settings: Settings, job_id: str, output: Path | None, as_json: bool) -> None:
+    """Write JOB_ID's step records from Redis as a trace CSV (the backtest's input); with
+    --json (and --output) print what was written as JSON."""
+    if as_json and output is None:
+        raise click.UsageError("--json needs --output: the CSV itself goes to stdout otherwise")
     records = sort_records(_store(settings).iter_steps(job_id))
     if output is None:
         rows = write_trace(records, sys.stdout)
@@ -40,6 +45,9 @@ def export(settings: Settings, job_id: str, output: Path | None) -> None:
         with tmp.open("w") as handle:
             rows = write_trace(records, handle)
         tmp.replace(output)
+    if as_json:
+        emit_json({"job_id": job_id, "records": rows, "output": str(output)})
+        return
     click.echo(f"exported {rows} records of job {job_id}", err=True)
 
 
@@ -65,6 +73,7 @@ def export(settings: Settings, job_id: str, output: Path | None) -> None:
 )
 @click.option("--count", type=click.IntRange(min=1), help="Stop after this many samples.")
 @click.option("--once", is_flag=True, help="Print one sample as JSON without publishing.")
+@json_option
 @click.pass_obj
 def sidecar(
     settings: Settings,
@@ -73,11 +82,13 @@ def sidecar(
     interval_s: float,
     count: int | None,
     once: bool,
+    as_json: bool,
 ) -> None:
-    """Sample this node's GPUs (NVML) and CPU signals every INTERVAL and publish them."""
+    """Sample this node's GPUs (NVML) and CPU signals every INTERVAL and publish them
+    (--json: one sample printed as JSON, not published, as --once)."""
     car = Sidecar(_store(settings), node, job_id=job_id or None)
     try:
-        if once:
+        if once or as_json:
             emit_json(car.sample())
             return
         car.run(interval_s, count)

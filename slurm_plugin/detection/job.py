@@ -222,6 +222,7 @@ class JobDetector:
         k0: F64,
         window: _Tail,
     ) -> list[Event]:
+        p = self.params
         # Candidates: (row, kind, rank or None for a node chart, node index, score).
         candidates: list[tuple[int, str, int | None, int, float]] = []
         sources = (
@@ -245,10 +246,15 @@ class JobDetector:
             node = self.node_names[node_index]
             step = int(b.steps[row])
             reported = self._flagged.get((node, kind))
-            if reported is not None and step - reported < self.params.rearm_steps:
+            if reported is not None and step - reported < p.rearm_steps:
                 continue  # reported recently; a straggler that persists is reported again later
-            self._flagged[(node, kind)] = step
-            events.append(self._attribute(b, row, kind, rank, node_index, score, k0, window))
+            event = self._attribute(b, row, kind, rank, node_index, score, k0, window)
+            minimum = p.min_slowdown_pct if kind == "compute" else p.input_min_slowdown_pct
+            # Flagged early in a shift, the estimate (a mean since the shift began) can still
+            # be below the minimum: look again soon rather than a whole re-arm period later.
+            soon = p.rearm_steps - max(1, p.rearm_steps // 10)
+            self._flagged[(node, kind)] = step - (soon if event.slowdown_pct < minimum else 0)
+            events.append(event)
         return events
 
     def _attribute(

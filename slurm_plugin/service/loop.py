@@ -20,7 +20,7 @@ import redis
 import structlog
 
 from slurm_plugin.config import Settings
-from slurm_plugin.detection import Detector, Event, StragglerEvent
+from slurm_plugin.detection import DetectionParams, Detector, Event, StragglerEvent
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.policy.decide import ClusterContext, JobContext, decide, is_slowdown
 from slurm_plugin.policy.loader import (
@@ -99,10 +99,10 @@ class Service:
             step_budget_s=self.lock_ttl_s / 4,
         )
         self.policies: dict[str, Policy] = {}
-        self._detectors: dict[str, Detector] = {}
+        self._detectors: dict[tuple[str, DetectionParams], Detector] = {}
         self._ingest = Ingest(state, store, self.metrics)
         self._last_sweep = 0.0
-        self._job_policy: dict[str, str] = {}
+        self._job_policy: dict[str, tuple[str, DetectionParams]] = {}
         self._node_rails = NodeRails(state, self.executor, dry_run=dry_run)
         self._recheck = Recheck(store)
         self._failures = 0  # cycles failed in a row
@@ -199,10 +199,7 @@ class Service:
             policy = self.policy_for(job)
             if policy.actions.mode == "off":
                 continue
-            if self._job_policy.get(job.job_id) != policy.name:  # shown by `jobs`, `job show`
-                self.state.update_job(job.job_id, policy=policy.name)
-            self._job_policy[job.job_id] = policy.name
-            detector = self._detectors.setdefault(policy.name, Detector(policy.detection.params()))
+            detector = self._detector_for(job, policy)
             kept, ignored = self._ingest.steps(job, detector)
             report.records += kept.records
             report.ranks += kept.ranks
@@ -227,6 +224,18 @@ class Service:
         self.state.heartbeat(
             self.instance, {"jobs": report.jobs, "ranks": report.ranks, "records": report.records}
         )
+
+    def _detector_for(self, job: JobInfo, policy: Policy) -> Detector:
+        """One detector per policy and detection parameters: a job's own stricter minimum
+        (sbatch --straggler-min-slowdown) never changes the thresholds of other jobs."""
+        key = (policy.name, policy.detection.params())
+        was = self._job_policy.get(job.job_id)
+        if was is None or was[0] != policy.name:  # shown by `jobs`, `job show`
+            self.state.update_job(job.job_id, policy=policy.name)
+        if was is not None and was != key:
+            self._detectors[was].forget(job.job_id)
+        self._job_policy[job.job_id] = key
+        return self._detectors.setdefault(key, Detector(key[1]))
 
     # -- decisions ----------------------------------------------------------------------------
     def _context(self, job: JobInfo) -> JobContext:
@@ -339,12 +348,16 @@ class Service:
                 return {"id": waiting, "action": "wait", "reasons": ["still waiting"]}
             # On hold (a pause, the breaker): acted on in the first cycle after they lift.
             for_what = {"waiting_for": "resume"} if decision.on_hold else {}
-            self.state.save_decision(decision_id, {**record, **for_what, "state": "waiting"})
+            self.state.save_decision(
+                decision_id, {**record, **for_what, "state": "waiting", "action": "wait"}
+            )
             self.state.update_job(job.job_id, waiting=decision_id, waiting_since=f"{now:.3f}")
             if decision.on_hold:
                 self._annotate(job, mark, policy)
             return {"id": decision_id, "action": "wait", "reasons": decision.reasons}
-        self.state.save_decision(decision_id, {**record, "state": "recorded"})
+        self.state.save_decision(
+            decision_id, {**record, "state": "recorded", "action": decision.action}
+        )
         if decision.action == "annotate":
             self._annotate(job, mark, policy)
         return {"id": decision_id, "action": decision.action, "reasons": decision.reasons}

@@ -75,13 +75,12 @@ class ServiceState:
             if v is not None
         }
         flat["updated_at"] = f"{now:.3f}"
-        # Every audit entry names its job and node, so filtering the audit by job finds all
-        # the state changes of a decision.
-        if "job_id" not in flat or "node" not in flat:
-            known = cast(
-                "list[str | None]", self.r.hmget(keys.decision(decision_id), ["job_id", "node"])
-            )
-            for name, value in zip(("job_id", "node"), known, strict=True):
+        # Every audit entry names its job, node and action, so filtering the audit by job finds
+        # all the state changes of a decision, and each row says what it was about.
+        named = ("job_id", "node", "action")
+        if any(name not in flat for name in named):
+            known = cast("list[str | None]", self.r.hmget(keys.decision(decision_id), named))
+            for name, value in zip(named, known, strict=True):
                 if value is not None:
                     flat.setdefault(name, value)
         if state == "held":
@@ -241,6 +240,11 @@ class ServiceState:
     def apply_policy(self, name: str, policy_json: str) -> None:
         """Store a validated policy; it overrides the file of the same name."""
         self.r.set(keys.policy(name), policy_json)
+
+    def revert_policy(self, name: str) -> bool:
+        """Drop an applied policy (the file of that name, if any, counts again); False when
+        none was applied under ``name``."""
+        return bool(self.r.delete(keys.policy(name)))
 
     def applied_policies(self) -> dict[str, str]:
         """Policies applied through Redis, as JSON by name."""

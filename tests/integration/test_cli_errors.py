@@ -32,6 +32,7 @@ REDIS_COMMANDS = {
     "policy show": ["observe"],
     "policy apply": [str(REPO / "policies" / "evict.toml")],
     "policy diff": [str(REPO / "policies" / "evict.toml")],
+    "policy revert": ["evict"],
     "export": ["1"],
     "serve": ["--once"],
 }

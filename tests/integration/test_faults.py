@@ -23,6 +23,7 @@ from slurm_plugin.config import load_settings
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.service.factory import build
 from slurm_plugin.service.state import ServiceState
+from slurm_plugin.slurm import marks
 from tests.integration.conftest import (
     REPO,
     RedisServer,
@@ -331,6 +332,50 @@ def test_redis_restarted_in_the_middle_of_an_eviction(
     aof_redis.start(*AOF)
     st = build(load_settings(redis_url=aof_redis.url))[1]
     assert_clean_outcome(slurm, st, job, faults)
+    assert service.poll() is None, "the service died with Redis"
+
+
+@pytest.fixture
+def bare_redis(
+    tmp_path: Path, services: Services, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[RedisServer]:
+    """A private Redis without persistence: a restart loses everything."""
+    server = RedisServer(tmp_path / "bare-redis", free_port())
+    server.directory.mkdir()
+    server.start("--appendonly", "no", "--save", "")
+    services.env = {**services.env, "STRAGGLER_REDIS_URL": server.url}
+    monkeypatch.setenv("STRAGGLER_REDIS_URL", server.url)
+    yield server
+    server.stop()
+
+
+def test_redis_without_data_restarted_mid_eviction(
+    slurm: Slurm,
+    job_dir: Path,
+    services: Services,
+    faults: Faults,
+    bare_redis: RedisServer,
+) -> None:
+    """Issue 18 item 1: Redis (no AOF) dies right after the requeuehold and comes back empty.
+    Slurm still holds the job with our eviction mark; within two cycles of the restart the
+    service releases it (Slurm is the source of truth) and the audit says why."""
+    pidfile = bare_redis.directory / f"redis-{bare_redis.port}.pid"
+    faults.arm("requeuehold", "after", f'kill -9 "$(cat {pidfile})"')
+    service = services.start()
+    job = _submit(slurm, job_dir, "evict")
+    wait_for(lambda: faults.fired, 90, "Redis to be killed after the requeuehold")
+    services.wait_failed_cycles(1, "Redis being away")
+    assert slurm.job(job)["Priority"] == "0", "the job should be held while Redis is away"
+    bare_redis.start("--appendonly", "no", "--save", "")
+    st = build(load_settings(redis_url=bare_redis.url))[1]
+    wait_cycles(st, 2)
+    record = slurm.job(job)
+    assert record["Priority"] != "0", record
+    (entry,) = [e for e in st.audit() if e.get("action") == "release"]
+    assert (entry["job_id"], entry["by"]) == (job, "reconcile")
+    assert marks.decision_of(record["AdminComment"].rsplit(" | ", 1)[-1]) == entry["of"]
+    wait_for(lambda: slurm.job(job)["JobState"] == "RUNNING", 60, "the job to run again")
+    assert faults.calls("requeuehold") == 1
     assert service.poll() is None, "the service died with Redis"
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
 import subprocess
 import sys
 import time
@@ -14,6 +16,7 @@ from slurm_plugin.policy.history import Incident, NodeHistory
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.parsers import parse_squeue_json
+from slurm_plugin.telemetry import keys
 from tests.integration.conftest import Slurm, wait_cycles, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,7 +105,17 @@ def test_evict_requeues_the_job_without_the_slow_node(
     assert int(state.job(job).get("ignored_foreign_node", "0")) > 0
     shown = json.loads(_cli(env, "job", "show", job, "--json"))
     assert shown["ignored_records"]["foreign_node"] > 0
-    assert "records not believed (evidence rules):" in _cli(env, "job", "show", job)
+    (typed,) = [d for d in shown["decisions"] if d.get("action") == "evict"]
+    assert isinstance(typed["reasons"], list)  # typed: lists and numbers, not JSON text
+    assert isinstance(typed["slowdown_pct"], float)
+    assert isinstance(typed["job_id"], str)
+    assert typed["detected_ts_iso"].endswith("+00:00")
+    table = _cli(env, "job", "show", job)
+    assert "records not believed (evidence rules):" in table
+    assert "None" not in table
+    assert '["' not in table  # reasons in words, not raw JSON
+    audit = json.loads(_cli(env, "audit", "--job", job, "--json"))
+    assert all(e["time"].endswith("+00:00") and e.get("action") for e in audit), audit
     assert evictions[0].get("hardware_evidence") == "[]"  # no sidecar, no prolog finding
     admin_comment = _admin_comment(slurm, job)
     assert admin_comment.startswith("straggler: compute node3")
@@ -155,6 +168,7 @@ def test_breaker_and_pause_stop_actions(
     after `straggler resume` the straggler still there is evicted in the next cycles."""
     state.open_breaker("test: 9 straggler nodes within 600 s")
     state.pause(600)
+    wait_cycles(state, 1)  # status exits 1 until the service has cycled (a health check)
     out = subprocess.run(
         [sys.executable, "-m", "slurm_plugin.cli.main", "status"],
         env=env,
@@ -332,11 +346,41 @@ def test_policy_apply_diff_and_node_mark(
     assert listed["evict"]["source"] == "applied"
     assert json.loads(_cli(env, "policy", "show", "evict"))["actions"]["max_requeues"] == 1
     assert "no changes" in _cli(env, "policy", "diff", str(changed))
+    _cli(env, "policy", "revert", "evict")  # the file counts again
+    listed = {p["name"]: p for p in json.loads(_cli(env, "policy", "list", "--json"))}
+    assert listed["evict"]["source"] != "applied"
+    assert json.loads(_cli(env, "policy", "show", "evict"))["actions"]["max_requeues"] == 2
+    again = subprocess.run(
+        [sys.executable, "-m", "slurm_plugin.cli.main", "policy", "revert", "evict"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert again.returncode == 2
+    assert again.stderr.startswith("error: no applied policy 'evict'")
 
     _cli(env, "node", "mark", "node2", "--state", "persistent")
     nodes = json.loads(_cli(env, "nodes", "--state", "persistent", "--json"))
     assert [n["node"] for n in nodes] == ["node2"]
-    assert any(e.get("action") == "mark" and e.get("node") == "node2" for e in state.audit())
+    user = os.environ.get("SUDO_USER") or getpass.getuser()
+    audited = {e.get("action"): e for e in state.audit()}
+    assert audited["mark"]["node"] == "node2"
+    assert audited["mark"]["by"] == audited["policy_apply"]["by"] == user
+    assert audited["policy_revert"]["policy"] == "evict"
+    ghost = subprocess.run(
+        [sys.executable, "-m", "slurm_plugin.cli.main", "node", "mark", "node99", "--state", "ok"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert ghost.returncode == 2
+    assert "Slurm knows no node 'node99'" in ghost.stderr
+    assert state.node_history("node99").state == "ok"  # no ghost history written
+    assert not state.r.exists(keys.node("node99"))
 
 
 def test_prolog_drain_gets_the_prologs_finding(
@@ -358,3 +402,36 @@ def test_prolog_drain_gets_the_prologs_finding(
     assert reason.startswith("straggler: prolog gpu: 7 of 8 GPUs visible [d-")
     assert "resumed" in _cli(env, "node", "forgive", "node1")
     wait_for(lambda: slurm.node_state("node1") == "idle", 30, "node1 idle again")
+
+
+def test_status_is_a_health_check(env: dict[str, str], state: ServiceState) -> None:
+    """`straggler status` exits 1 without a heartbeat or with a stale one (its age shown), 0
+    with a fresh one; the pause is shown in minutes, not raw seconds."""
+
+    def status() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "slurm_plugin.cli.main", "status"],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    state.r.delete(keys.HEARTBEAT)
+    none = status()
+    assert none.returncode == 1
+    assert "no heartbeat" in none.stdout
+    beat = {"instance": "host:1", "jobs": 0, "ranks": 0, "records": 0}
+    state.r.set(keys.HEARTBEAT, json.dumps({**beat, "ts": time.time() - 600}))
+    stale = status()
+    assert stale.returncode == 1
+    assert "STALE" in stale.stdout
+    assert "last cycle 6" in stale.stdout  # ~600 s ago
+    state.r.set(keys.HEARTBEAT, json.dumps({**beat, "ts": time.time()}))
+    state.pause(1800)
+    fresh = status()
+    assert fresh.returncode == 0, fresh.stdout
+    assert "alive, host:1" in fresh.stdout
+    assert "paused: for 29m" in fresh.stdout or "paused: for 30m" in fresh.stdout
+    state.resume()

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
 from slurm_plugin import __version__
 from slurm_plugin.cli.main import cli
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -54,3 +58,74 @@ def test_config_typo_is_one_clear_line(runner: CliRunner, tmp_path: Path) -> Non
     assert "comand_timeout_s" in result.stderr
     assert str(path) in result.stderr
     assert "Traceback" not in result.output
+
+
+def _leaves(
+    command: click.Command, path: tuple[str, ...] = ()
+) -> Iterator[tuple[str, click.Command]]:
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from _leaves(sub, (*path, name))
+    else:
+        yield " ".join(path), command
+
+
+def test_every_command_has_json() -> None:
+    """Issue 18: `--json` on every command of the click tree."""
+    missing = [
+        path
+        for path, command in _leaves(cli)
+        if not any("--json" in p.opts for p in command.params if isinstance(p, click.Option))
+    ]
+    assert missing == []
+
+
+def test_json_of_commands_that_need_no_service(runner: CliRunner) -> None:
+    """Commands that touch neither Redis nor Slurm print typed JSON with --json."""
+    validated = runner.invoke(
+        cli, ["policy", "validate", str(REPO / "policies" / "evict.toml"), "--json"]
+    )
+    assert validated.exit_code == 0, validated.output
+    data = json.loads(validated.output)
+    assert data["valid"] is True
+    assert data["policy"]["actions"]["max_requeues"] == 2
+    options = json.loads(runner.invoke(cli, ["sbatch-options", "--json"]).output)
+    assert "--straggler-policy" in options["options"]
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [("0", "more than 0"), ("99999999999999999999d", "at most 3650d"), ("soon", "duration")],
+)
+def test_durations_are_bounded(runner: CliRunner, value: str, reason: str) -> None:
+    """`pause --for` and `audit --since` refuse zero, absurd and unreadable durations in one
+    usage error, before anything reaches Redis."""
+    for args in (["pause", "--for", value], ["audit", "--since", value]):
+        result = runner.invoke(cli, args)
+        assert result.exit_code == 2, result.output
+        assert reason in result.output
+        assert "Traceback" not in result.output
+
+
+def test_environment_and_file_errors_are_one_line(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An infinite timeout, a list that is not JSON and a non-UTF-8 file each give one line
+    naming the variable or the file."""
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(b'description = "\xff"\n')
+    cases = [
+        ({"STRAGGLER_REDIS_TIMEOUT_S": "inf"}, ["status"], "STRAGGLER_REDIS_TIMEOUT_S"),
+        ({"STRAGGLER_HEALTH_CRITICAL_XIDS": "1,2"}, ["status"], "HEALTH_CRITICAL_XIDS"),
+        ({}, ["--config", str(bad), "status"], "not UTF-8"),
+        ({}, ["policy", "validate", str(bad)], "not UTF-8"),
+    ]
+    for env, args, expected in cases:
+        with monkeypatch.context() as patch:
+            for key, value in env.items():
+                patch.setenv(key, value)
+            result = runner.invoke(cli, args)
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 2, result.output
+        assert len(lines) == 1, lines
+        assert expected in lines[0]

@@ -102,10 +102,14 @@ def test_slurm_command_and_env(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
-def test_file_with_a_password_must_be_private(tmp_path: Path, mode: int) -> None:
-    """Admin credentials in a file others can read or change are refused, naming the mode."""
+@pytest.mark.parametrize(
+    "url", ["redis://admin:s3cret@db:6379/0", "redis://db:6379/0?db=1&password=s3cret"]
+)
+def test_file_with_a_password_must_be_private(tmp_path: Path, mode: int, url: str) -> None:
+    """Admin credentials in a file others can read or change are refused, naming the mode; a
+    password in the URL's query counts as much as one in its userinfo."""
     path = tmp_path / "config.toml"
-    path.write_text('redis_url = "redis://admin:s3cret@db:6379/0"\n')
+    path.write_text(f'redis_url = "{url}"\n')
     path.chmod(mode)
     with pytest.raises(ConfigError) as info:
         load_settings(path)
@@ -113,7 +117,7 @@ def test_file_with_a_password_must_be_private(tmp_path: Path, mode: int) -> None
     assert str(path) in str(info.value)
     assert "s3cret" not in str(info.value)
     path.chmod(0o600)
-    assert load_settings(path).redis_url.endswith("@db:6379/0")
+    assert load_settings(path).redis_url == url
 
 
 def test_file_without_a_password_may_be_world_readable(tmp_path: Path) -> None:
@@ -133,6 +137,10 @@ def test_redact_url_hides_only_the_password() -> None:
     assert redact_url("redis://:pw@db:6379/0") == "redis://:***@db:6379/0"
     assert redact_url("redis://user@db:6379/0") == "redis://user@db:6379/0"
     assert redact_url("redis://db:6379/0") == "redis://db:6379/0"
+    assert redact_url("redis://db/0?db=2&password=s3cret&socket_timeout=3") == (
+        "redis://db/0?db=2&password=***&socket_timeout=3"
+    )
+    assert redact_url("redis://u:pw@db/0?Pass%77ord=x") == "redis://u:***@db/0?Pass%77ord=***"
 
 
 def test_config_show_never_prints_the_password(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -141,9 +149,13 @@ def test_config_show_never_prints_the_password(monkeypatch: pytest.MonkeyPatch) 
 
     from slurm_plugin.cli.main import cli  # noqa: PLC0415
 
-    monkeypatch.setenv("STRAGGLER_REDIS_URL", "redis://admin:s3cret@db:6379/0")
-    for args in (["config", "show"], ["config", "show", "--json"]):
-        result = CliRunner().invoke(cli, args)
-        assert result.exit_code == 0, result.output
-        assert "s3cret" not in result.output
-        assert "admin:***@db" in result.output
+    for url, shown in (
+        ("redis://admin:s3cret@db:6379/0", "admin:***@db"),
+        ("redis://db:6379/0?password=s3cret", "password=***"),
+    ):
+        monkeypatch.setenv("STRAGGLER_REDIS_URL", url)
+        for args in (["config", "show"], ["config", "show", "--json"]):
+            result = CliRunner().invoke(cli, args)
+            assert result.exit_code == 0, result.output
+            assert "s3cret" not in result.output
+            assert shown in result.output
