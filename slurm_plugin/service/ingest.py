@@ -1,5 +1,6 @@
 """The service's reading of a job's telemetry each cycle: new step records (through the
-evidence rules) into the job's detector, and checkpoint events into the job's state."""
+evidence rules) into the job's detector, checkpoint events into the job's state, and the
+sweep of per-job credentials whose job is gone."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 import structlog
 
 from slurm_plugin.detection import Detector, RecordBatch
@@ -14,6 +16,7 @@ from slurm_plugin.service.evidence import EvidenceFilter
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.model import JobInfo
+from slurm_plugin.telemetry import credentials
 from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)
@@ -38,6 +41,7 @@ class Ingest:
         self.store = store
         self.metrics = metrics
         self.evidence = EvidenceFilter()
+        self._last_sweep = 0.0
 
     def steps(self, job: JobInfo, detector: Detector) -> tuple[Kept, int]:
         """Feed the job's new, believed records to ``detector``; returns what was kept and how
@@ -71,3 +75,17 @@ class Ingest:
         if checkpoints:  # a forged or broken ts is ignored, never fatal to the cycle
             update.update(last_checkpoint_ts=f"{max(checkpoints):.3f}", reports_checkpoints="1")
         self.state.update_job(job.job_id, **update)
+
+    def sweep_credentials(self, known: set[str], now: float, every_s: float = 30.0) -> None:
+        """Every ``every_s``: revoke the per-job credentials of jobs Slurm no longer lists
+        (``known`` must be Slurm's answer, never a guess while it is away)."""
+        if now - self._last_sweep < every_s:
+            return
+        self._last_sweep = now
+        try:
+            revoked = credentials.sweep(self.store.client, known)
+        except redis.RedisError as exc:
+            log.warning("service.credential_sweep_failed", error=str(exc))
+            return
+        if revoked:
+            log.warning("service.credentials_revoked", jobs=revoked, why="job gone, no epilog")

@@ -40,7 +40,6 @@ from slurm_plugin.service.waiting import Recheck, candidates, with_candidate
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.model import JobInfo, NodeInfo
 from slurm_plugin.slurm.scheduler import Scheduler
-from slurm_plugin.telemetry import credentials
 from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)
@@ -101,7 +100,6 @@ class Service:
         self.policies: dict[str, Policy] = {}
         self._detectors: dict[tuple[str, DetectionParams], Detector] = {}
         self._ingest = Ingest(state, store, self.metrics)
-        self._last_sweep = 0.0
         self._job_policy: dict[str, tuple[str, DetectionParams]] = {}
         self._node_rails = NodeRails(state, self.executor, dry_run=dry_run)
         self._recheck = Recheck(store)
@@ -188,7 +186,8 @@ class Service:
         jobs = self.slurm.jobs()
         if not self.dry_run:
             self.executor.release_orphans(jobs)
-        self._sweep_credentials({j.job_id for j in jobs})
+        if self.settings.job_credentials:  # only from Slurm's answer: silence revokes nothing
+            self._ingest.sweep_credentials({j.job_id for j in jobs}, self.clock())
         running = {j.job_id: j for j in jobs if j.running}
         nodes = tuple(self.slurm.nodes())
         for job_id in list(self._job_policy):
@@ -361,20 +360,6 @@ class Service:
         if decision.action == "annotate":
             self._annotate(job, mark, policy)
         return {"id": decision_id, "action": decision.action, "reasons": decision.reasons}
-
-    def _sweep_credentials(self, known: set[str]) -> None:
-        """Every 30 s: revoke per-job credentials whose job Slurm no longer lists."""
-        now = self.clock()
-        if not self.settings.job_credentials or now - self._last_sweep < 30.0:
-            return
-        self._last_sweep = now
-        try:
-            revoked = credentials.sweep(self.store.client, known)
-        except redis.RedisError as exc:
-            log.warning("service.credential_sweep_failed", error=str(exc))
-            return
-        if revoked:
-            log.warning("service.credentials_revoked", jobs=revoked, why="job gone, no epilog")
 
     def _evicting(self, job_id: str) -> bool:
         """An eviction of this job is still open (its outcome not yet known)."""

@@ -23,10 +23,11 @@ from slurm_plugin.policy.history import Incident, NodeHistory
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.model import JobInfo, NodeInfo
+from slurm_plugin.telemetry import credentials
 from slurm_plugin.telemetry.records import encode_steps
 from slurm_plugin.telemetry.store import TelemetryStore
 from slurm_plugin.testing import FakeClock, FakeScheduler
-from tests.integration.conftest import REPO, RedisServer
+from tests.integration.conftest import REPO, RedisServer, wait_for
 
 NODES = [NodeInfo(f"node{i}", "idle", (), "", ("debug",)) for i in range(1, 5)]
 
@@ -655,3 +656,39 @@ def test_a_broken_leader_steps_down_for_a_good_standby(make_loop: Callable[..., 
         if shared.job_table["5"].restarts:
             break
     assert shared.job_table["5"].excluded == ("node3",)
+
+
+def _acl_users(loop: Loop) -> set[str]:
+    client: Any = loop.store.client
+    names = client.execute_command("ACL", "USERS")
+    return {n.decode() if isinstance(n, bytes) else str(n) for n in names}
+
+
+def test_slurm_unknown_is_not_no_jobs(make_loop: Callable[..., Loop]) -> None:
+    """Issue 18 item 2: slurmctld does not answer for 30 s of cycles. The cycles fail; the
+    running job's credential is not revoked, nothing is decided or changed, and its detection
+    state is kept: once Slurm answers again, node3 (slow all along) is evicted without the
+    detector starting over. Only Slurm's answer that the job is gone revokes the credential."""
+    clock = FakeClock()
+    slurm = FakeScheduler([running_job(clock)], NODES)
+    loop = make_loop(slurm, clock, "a", job_credentials=True, lock_ttl_s=0.5)
+    credentials.issue(loop.store.client, "5")
+    _run(loop, 0, 3, {"node3": 1.0})  # healthy steps: the detector is warm
+    slurm.fail["jobs"] = SlurmError("squeue: Unable to contact slurm controller")
+    for cycle in range(30):
+        publish(loop, slurm.job_table["5"], range(30 + cycle, 31 + cycle), {"node3": 2.0})
+        report = loop.service.cycle()  # fails, or stands by after three failures
+        assert not report.leader or "slurm controller" in (report.error or "")
+        loop.clock.advance(1)
+    assert credentials.username("5") in _acl_users(loop)
+    assert slurm.changes == []
+    assert loop.state.job_decisions("5") == []
+    del slurm.fail["jobs"]
+    wait_for(lambda: loop.service.cycle().leader, 10, "the instance to lead again")
+    _run(loop, 60, 5, {"node3": 2.0})
+    assert slurm.job_table["5"].excluded == ("node3",)
+    assert credentials.username("5") in _acl_users(loop)
+    del slurm.job_table["5"]  # gone from Slurm without an epilog: Slurm's answer revokes it
+    clock.advance(31)
+    assert loop.service.cycle().error is None
+    assert credentials.username("5") not in _acl_users(loop)
