@@ -12,14 +12,23 @@ from slurm_plugin.telemetry.records import StepRecord
 
 
 def recent_slowdown_pct(
-    records: Iterable[StepRecord], node: str, ranks: Collection[int] = (), steps: int = 20
+    records: Iterable[StepRecord],
+    node: str,
+    ranks: Collection[int] = (),
+    steps: int = 20,
+    since_step: int | None = None,
 ) -> float | None:
     """How much longer the straggling ranks (``ranks`` on ``node``; all of the node's ranks
     when empty) computed than the ranks on other nodes, in %, over the newest ``steps`` steps
-    of the newest attempt that show both (a slow node's own reports may lag behind its peers').
-    The median over those steps of the per-step ratio of medians; None when no step shows
-    both."""
-    usable = [r for r in records if r.compute_s is not None]
+    of the newest attempt that show both (a slow node's own reports may lag behind its peers'),
+    from ``since_step`` on (the step the node was flagged at: a window reaching back before a
+    recent shift would measure the healthy past). The median over those steps of the per-step
+    ratio of medians; None when no step shows both."""
+    usable = [
+        r
+        for r in records
+        if r.compute_s is not None and (since_step is None or r.step >= since_step)
+    ]
     if not usable:
         return None
     attempt = max(r.attempt for r in usable)

@@ -328,7 +328,9 @@ class Service:
         if decision.action == "evict" and self._evicting(job.job_id):
             decision = replace(decision, action="none", reasons=["an eviction is in progress"])
         if decision.action == "evict":
-            recovered = self._recheck.recovered(job, event.node, policy, event.ranks)
+            recovered = self._recheck.recovered(
+                job, event.node, policy, event.ranks, since_step=event.step
+            )
             if recovered:
                 decision = replace(decision, action="none", reasons=[recovered])
                 record.update(decision="none", reasons=decision.reasons)
@@ -418,7 +420,8 @@ class Service:
         if not (checkpointed or expired):
             return
         # Of the nodes flagged while waiting, the one slowest in the newest steps.
-        node, ranks = self._recheck.slowest(job, candidates(rec))
+        flagged_at = int(rec.get("step", "0") or 0)
+        node, ranks = self._recheck.slowest(job, candidates(rec), since_step=flagged_at)
         if node != rec.get("node"):
             self.state.save_decision(decision_id, {"node": node, "ranks": ranks})
         event = StragglerEvent(
@@ -426,7 +429,7 @@ class Service:
             node=node,
             gpu=None,
             ranks=ranks,
-            step=int(rec.get("step", "0")),
+            step=flagged_at,
             ts=now,
             score=0.0,
             slowdown_pct=float(rec.get("slowdown_pct", "0")),
@@ -443,7 +446,9 @@ class Service:
         )
         reasons = again.reasons
         if again.action == "evict":
-            recovered = self._recheck.recovered(job, event.node, policy, event.ranks)
+            recovered = self._recheck.recovered(
+                job, event.node, policy, event.ranks, since_step=flagged_at
+            )
             reasons = [recovered] if recovered else reasons
         if again.action != "evict" or reasons != again.reasons:
             log.info(

@@ -40,15 +40,20 @@ class Recheck:
         ]
 
     def recovered(
-        self, job: JobInfo, node: str, policy: Policy, ranks: Sequence[int] = ()
+        self,
+        job: JobInfo,
+        node: str,
+        policy: Policy,
+        ranks: Sequence[int] = (),
+        since_step: int | None = None,
     ) -> str | None:
         """Why ``node`` no longer needs evicting (its straggling ``ranks`` are, in the newest
         steps, less than half the policy's minimum slower than the other nodes' ranks, or
         show nothing), or None when it is still slow. Half, not the minimum itself: the
         re-check is a robust median over few steps and the detection a mean over the shift,
         so a node slowed by about the minimum would flip between the two; a burst that is
-        over shows ~0 %."""
-        slowdown = recent_slowdown_pct(self._records(job), node, ranks)
+        over shows ~0 %. Only steps from ``since_step`` (where the node was flagged) count."""
+        slowdown = recent_slowdown_pct(self._records(job), node, ranks, since_step=since_step)
         release = policy.detection.min_slowdown_pct * RECOVERED_BELOW
         log.info(
             "service.recheck",
@@ -66,13 +71,17 @@ class Recheck:
             )
         return None
 
-    def slowest(self, job: JobInfo, candidates: Sequence[Candidate]) -> Candidate:
-        """Of the flagged nodes (never empty), the one slowest in the newest steps (the first
-        when none shows any)."""
+    def slowest(
+        self, job: JobInfo, candidates: Sequence[Candidate], since_step: int | None = None
+    ) -> Candidate:
+        """Of the flagged nodes (never empty), the one slowest in the newest steps from
+        ``since_step`` on (the first when none shows any)."""
         records = self._records(job)
         return max(
             candidates,
-            key=lambda c: recent_slowdown_pct(records, c[0], c[1]) or float("-inf"),
+            key=lambda c: (
+                recent_slowdown_pct(records, c[0], c[1], since_step=since_step) or float("-inf")
+            ),
         )
 
 

@@ -85,3 +85,13 @@ def test_a_malformed_record_keeps_its_own_node(broken: dict[str, str]) -> None:
     assert found[0][0] == "node3"
     assert all(isinstance(r, int) for r in found[0][1])
     assert len(found) == 1
+
+
+def test_a_recent_shift_is_measured_from_where_it_was_flagged() -> None:
+    """The demo's CI failure: node3 became 10x slow 7 steps before the re-check. The newest 20
+    steps are mostly from before the shift, so their median says ~0 %. Counted from the step
+    it was flagged at, the re-check sees the shift."""
+    records = _records(dict.fromkeys(range(93, 100), 10.0), range(100))
+    assert recent_slowdown_pct(records, "node3") == pytest.approx(0.0)
+    assert recent_slowdown_pct(records, "node3", since_step=95) == pytest.approx(900.0)
+    assert recent_slowdown_pct(records, "node3", since_step=100) is None
