@@ -104,11 +104,18 @@ def test_options_are_registered_and_bound_the_service(
         return state.job_decisions(job)
 
     wait_for(lambda: slurm.job(job)["Restarts"] == "1", 60, "the first eviction")
-    wait_for(
-        lambda: any(d.get("node") == "node2" for d in decisions()),
-        90,
-        "a detection of node2 after the restart",
-    )
+    try:
+        wait_for(
+            lambda: any(d.get("node") == "node2" for d in decisions()),
+            90,
+            "a detection of node2 after the restart",
+        )
+    except pytest.fail.Exception:  # say why: the job's record, the nodes, the service's log
+        record = {k: slurm.job(job).get(k) for k in ("JobState", "Reason", "NodeList")}
+        nodes = slurm.run("sinfo", "-N", "-h", "-o", "%N %T %E").stdout.split("\n")
+        log = (job_dir / "service.log").read_text(errors="replace").splitlines()
+        said = [x[:300] for x in log if '"service.cycle"' not in x][-15:]
+        pytest.fail(f"no decision about node2: {record} {nodes} {said}")
     wait_cycles(state)  # cycles that could have evicted a second time, and did not
     evictions = [d for d in decisions() if d.get("action") == "evict"]
     assert [d["node"] for d in evictions] == ["node3"]
