@@ -318,15 +318,22 @@ def test_persistent_node_is_drained_and_forgiven(
     assert slurm.node("node4")["Reason"].startswith("maintenance by bob")
 
 
-def _cli(env: dict[str, str], *args: str) -> str:
+def _cli_run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`straggler ARGS` as the admin runs it; the caller checks the exit status."""
     return subprocess.run(
         [sys.executable, "-m", "slurm_plugin.cli.main", *args],
         env=env,
-        check=True,
+        check=False,
         cwd=REPO,
         capture_output=True,
         text=True,
-    ).stdout
+    )
+
+
+def _cli(env: dict[str, str], *args: str) -> str:
+    result = _cli_run(env, *args)
+    result.check_returncode()
+    return result.stdout
 
 
 def test_policy_apply_diff_and_node_mark(
@@ -350,14 +357,7 @@ def test_policy_apply_diff_and_node_mark(
     listed = {p["name"]: p for p in json.loads(_cli(env, "policy", "list", "--json"))}
     assert listed["evict"]["source"] != "applied"
     assert json.loads(_cli(env, "policy", "show", "evict"))["actions"]["max_requeues"] == 2
-    again = subprocess.run(
-        [sys.executable, "-m", "slurm_plugin.cli.main", "policy", "revert", "evict"],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    again = _cli_run(env, "policy", "revert", "evict")
     assert again.returncode == 2
     assert again.stderr.startswith("error: no applied policy 'evict'")
 
@@ -369,14 +369,7 @@ def test_policy_apply_diff_and_node_mark(
     assert audited["mark"]["node"] == "node2"
     assert audited["mark"]["by"] == audited["policy_apply"]["by"] == user
     assert audited["policy_revert"]["policy"] == "evict"
-    ghost = subprocess.run(
-        [sys.executable, "-m", "slurm_plugin.cli.main", "node", "mark", "node99", "--state", "ok"],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    ghost = _cli_run(env, "node", "mark", "node99", "--state", "ok")
     assert ghost.returncode == 2
     assert "Slurm knows no node 'node99'" in ghost.stderr
     assert state.node_history("node99").state == "ok"  # no ghost history written
@@ -409,14 +402,7 @@ def test_status_is_a_health_check(env: dict[str, str], state: ServiceState) -> N
     with a fresh one; the pause is shown in minutes, not raw seconds."""
 
     def status() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "slurm_plugin.cli.main", "status"],
-            env=env,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        return _cli_run(env, "status")
 
     state.r.delete(keys.HEARTBEAT)
     none = status()
