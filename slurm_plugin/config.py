@@ -161,6 +161,12 @@ class Settings(BaseSettings):
         description="Kernel log read for the driver's 'NVRM: Xid' lines since the last check "
         "(NVML shows a new process no XID that happened before it started); None: off.",
     )
+    health_syslog_socket: Path | None = Field(
+        default=Path("/dev/log"),
+        description="Syslog socket (journald reads the same) to which the prolog and epilog "
+        "send their warnings and own problems: slurmd discards a passing prolog's output. "
+        "None: stderr only.",
+    )
     health_gpu: Literal["auto", "off"] = Field(
         default="auto", description="auto: check GPUs when NVML is present; off: never."
     )

@@ -53,6 +53,7 @@ def serve(settings: Settings, once: bool, dry_run: bool, as_json: bool) -> None:
             )
     scheduler, state, store = build(settings)
     state.r.ping()  # Redis unreachable: one line from the CLI, before anything else
+    state.check_schema()  # a Redis written by another release: exit here
     service = Service(
         settings, scheduler, state, store, dry_run=dry_run, metrics=Metrics(settings.metrics_port)
     )

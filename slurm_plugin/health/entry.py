@@ -7,7 +7,28 @@ hung NVML thread cannot keep the process alive past its verdict.
 from __future__ import annotations
 
 import os
+import socket
 import sys
+from pathlib import Path
+
+#: syslog facility daemon (3) * 8 + severity: warning (4), error (3).
+_PRIORITY = {"warning": 3 * 8 + 4, "error": 3 * 8 + 3}
+_DEFAULT_SYSLOG = Path("/dev/log")
+
+
+def to_syslog(kind: str, level: str, message: str, path: Path | None = _DEFAULT_SYSLOG) -> None:
+    """One line to the local syslog socket (journald or rsyslog; RFC 3164 form), so that the
+    admin sees what a passing prolog or epilog warned about: slurmd keeps only a failing one's
+    output. Best effort: no socket, no line, never an error."""
+    if path is None:
+        return
+    line = f"<{_PRIORITY[level]}>straggler-{kind}[{os.getpid()}]: {message}"
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.settimeout(0.5)
+            sock.sendto(line.encode("utf-8", "replace")[:8000], str(path))
+    except OSError:
+        return
 
 
 def _run(kind: str) -> int:
@@ -18,20 +39,30 @@ def _run(kind: str) -> int:
         configure_logging("info", json=True)
         settings = load_settings()
     except Exception as exc:  # noqa: BLE001 - a broken config is our problem: fail open
-        sys.stderr.write(f"straggler-{kind}: configuration problem, passing: {exc}\n")
+        message = f"configuration problem, passing: {exc}"
+        sys.stderr.write(f"straggler-{kind}: {message}\n")
+        to_syslog(kind, "error", message)
         return 0
     import structlog  # noqa: PLC0415
 
     from slurm_plugin.health.hook import run_epilog, run_prolog  # noqa: PLC0415
 
     log = structlog.get_logger(f"straggler.{kind}")
+    syslog = settings.health_syslog_socket
     try:
         result = (run_prolog if kind == "prolog" else run_epilog)(os.environ, settings)
-    except Exception:
+    except Exception as exc:
         log.exception(f"{kind}.crashed")
+        to_syslog(kind, "error", f"crashed, passing: {type(exc).__name__}: {exc}", syslog)
         return 0
     for problem in result.problems:
         log.error(f"{kind}.own_problem", problem=problem, node=result.node)
+        to_syslog(kind, "error", f"job {result.job_id}: our problem, passing: {problem}", syslog)
+    for finding in result.findings:
+        if finding.severity != "drain":
+            to_syslog(kind, "warning", f"job {result.job_id}: warning: {finding}", syslog)
+    if result.exit_code:
+        to_syslog(kind, "error", f"job {result.job_id}: fails: {result.summary()}", syslog)
     event = f"{kind}.{'fail' if result.exit_code else 'pass'}"
     log.info(
         event,

@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import structlog
 
+from slurm_plugin.errors import ConfigError
 from slurm_plugin.policy.history import Incident, NodeHistory
 from slurm_plugin.telemetry import keys
 from slurm_plugin.telemetry.store import RedisClient
@@ -336,6 +337,26 @@ class ServiceState:
     def step_down(self, instance: str) -> bool:
         """Give the lock up (only if ``instance`` holds it), so a standby can lead."""
         return bool(self.r.eval(_DELETE_IF_OWNER, 1, keys.LEADER, instance))
+
+    def check_schema(self) -> int:
+        """The key layout's version in Redis. An empty or pre-versioning Redis (version 1 had
+        no marker) is stamped with ours; any other version stops ``serve`` before it acts: a
+        newer one was written by a newer release (roll that host forward, or restore Redis
+        from before the upgrade), an older one needs a migration this release does not have."""
+        self.r.set(keys.SCHEMA, keys.SCHEMA_VERSION, nx=True)
+        raw = self.r.get(keys.SCHEMA)
+        try:
+            found = int(str(raw))
+        except ValueError:
+            found = -1
+        if found != keys.SCHEMA_VERSION:
+            raise ConfigError(
+                f"Redis holds key layout (schema) version {str(raw)[:20]!r}, this release "
+                f"uses {keys.SCHEMA_VERSION} (hint: upgrade or roll back as docs/deploy.md says; "
+                f"never point two releases with different layouts at one Redis)",
+                field="redis_url",
+            )
+        return found
 
     def leads(self, instance: str) -> bool:
         """The fence before every Slurm action: the lock still names ``instance``."""

@@ -132,6 +132,10 @@ def decision(decision_id: str) -> str:
 
 
 DECISIONS = f"{PREFIX}decisions"
+#: String: the version of this key layout. ``serve`` writes it into an empty Redis and refuses
+#: to start on any other (docs/deploy.md, upgrade and rollback).
+SCHEMA = f"{PREFIX}schema"
+SCHEMA_VERSION = 1
 DECISIONS_OPEN = f"{PREFIX}decisions:open"
 #: Sorted set: decision id -> when its job was requeue-held (the hourly eviction budget).
 EVICTIONS = f"{PREFIX}evictions"

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +23,8 @@ from slurm_plugin.health.gpu import NvmlProbe
 from slurm_plugin.health.hook import probe_gpus, run_epilog, run_prolog
 from slurm_plugin.health.kmsg import new_xids, parse_records, pci_key
 from slurm_plugin.testing import FakeGpu, FakeNvml, build_ib_tree
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _checks(**fields: object) -> list[str]:
@@ -202,3 +212,74 @@ def test_new_xids_since_a_sequence_number(tmp_path: Path) -> None:
     assert [x.xid for x in new_xids(log, -1)[0]] == [79, 13]
     assert new_xids(log, 101) == ([new_xids(log, -1)[0][1]], 102)
     assert [x.xid for x in new_xids(log, 5000)[0]] == [79, 13]  # the log restarted
+
+
+@pytest.fixture
+def syslog_socket() -> Iterator[tuple[Path, socket.socket]]:
+    """A datagram socket standing in for /dev/log (short path: AF_UNIX allows 107 bytes)."""
+    directory = Path(tempfile.mkdtemp(prefix="stg-log-"))
+    path = directory / "log"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(path))
+        sock.settimeout(5)
+        yield path, sock
+    shutil.rmtree(directory)
+
+
+def _received(sock: socket.socket) -> list[str]:
+    lines = []
+    with contextlib.suppress(TimeoutError):
+        while True:
+            lines.append(sock.recv(65536).decode())
+            sock.settimeout(0.5)
+    return lines
+
+
+def test_a_passing_prologs_warnings_reach_syslog(
+    tmp_path: Path, syslog_socket: tuple[Path, socket.socket]
+) -> None:
+    """Issue 18 item 9: slurmd discards a passing prolog's output, so the shipped wrapper's
+    warnings (a non-critical XID) and our own problems (Redis away) go to syslog, as do the
+    wrapper's own messages (its timeout)."""
+    path, sock = syslog_socket
+    _settings(tmp_path, {"default": {"gpus": 8}})
+    (tmp_path / "kmsg").write_text(KMSG[-1] + "\n")
+    (tmp_path / "config.toml").write_text(
+        'redis_url = "redis://127.0.0.1:1/0"\n'
+        f'health_fake_nvml = "{tmp_path / "gpus.json"}"\n'
+        f'health_sysfs_root = "{tmp_path / "root"}"\n'
+        f'health_state_dir = "{tmp_path / "state"}"\n'
+        f'health_kmsg_path = "{tmp_path / "kmsg"}"\n'
+        f'health_syslog_socket = "{path}"\n'
+        "health_expected_gpus = 8\nhealth_expected_hcas = 8\nhealth_expected_ib_rate_gbps = 400\n"
+    )
+    env = {
+        "PATH": os.environ["PATH"],
+        "STRAGGLER_CONFIG": str(tmp_path / "config.toml"),
+        "STRAGGLER_PROLOG_BIN": str(Path(sys.executable).parent / "straggler-prolog"),
+        "STRAGGLER_HEALTH_SYSLOG_SOCKET": str(path),
+        "SLURMD_NODENAME": "node1",
+        "SLURM_JOB_ID": "77",
+    }
+    wrapper = str(REPO / "prolog" / "straggler-prolog.sh")
+    done = subprocess.run([wrapper], env=env, capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = _received(sock)
+    assert any(
+        line.startswith("<27>straggler-prolog[")
+        and "job 77: our problem, passing: Redis unavailable" in line
+        for line in lines
+    ), lines
+    assert any(
+        line.startswith("<28>") and "job 77: warning: xid: XID 13 on PCI 0000:7f:00" in line
+        for line in lines
+    ), lines
+    hung = tmp_path / "hung-prolog"
+    hung.write_text("#!/bin/sh\nexec sleep 30\n")
+    hung.chmod(0o755)
+    slow = {**env, "STRAGGLER_PROLOG_BIN": str(hung), "STRAGGLER_PROLOG_TIMEOUT": "1"}
+    timed_out = subprocess.run([wrapper], env=slow, capture_output=True, timeout=60, check=False)
+    assert timed_out.returncode == 0
+    sock.settimeout(5)
+    (line,) = _received(sock)
+    assert "straggler-prolog: timed out after 1s, passing" in line, line
