@@ -9,13 +9,16 @@ decision in the audit has reached a final state.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +27,7 @@ from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.service.factory import build
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
+from slurm_plugin.telemetry import credentials
 from tests.integration.conftest import (
     REPO,
     RedisServer,
@@ -415,3 +419,78 @@ def test_observe_and_dry_run_change_nothing_on_the_cluster(
     notes = [c for c in calls if "AdminComment=" in c]
     assert notes == []
     assert slurm.job(job)["Restarts"] == "0"
+
+
+def test_slurmctld_stopped_for_30_seconds_forgets_and_revokes_nothing(
+    cluster: DevCluster,
+    slurm: Slurm,
+    job_dir: Path,
+    state: ServiceState,
+    services: Services,
+    faults: Faults,
+    tmp_path: Path,
+) -> None:
+    """Issue 18 item 2 on the real cluster: slurmctld is stopped (SIGTERM) for 30 s while a job
+    runs, with job credentials on. Every cycle of the outage fails as "Slurm unknown"; the
+    job's credential and the service's state for it stay, the CLI says Slurm is unreachable on
+    one line, and once slurmctld is back the service leads again and still knows the job."""
+    faults.arm("no-such-command", "after", "true")
+    services.env = {**services.env, "STRAGGLER_JOB_CREDENTIALS": "true"}
+    service = services.start()
+    job = _submit(slurm, job_dir, "observe")  # observe: detection happens, nothing acts
+    slurm.wait_job(job, "RUNNING")
+    credentials.issue(state.r, job)  # what the prolog does with job_credentials = true
+    user = credentials.username(job)
+    wait_for(lambda: state.job(job).get("steps_cursor"), 60, "the service to read the job")
+    before = dict(state.job(job))
+    pidfile = cluster.base / "run" / "slurmctld.pid"
+    pid = int(pidfile.read_text().split()[0])
+    signal_sent = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not _alive(pid), 30, "slurmctld to stop")
+    cli = subprocess.run(
+        [sys.executable, "-m", "slurm_plugin.cli.main", "jobs"],
+        env={**services.env, "STRAGGLER_COMMAND_TIMEOUT_S": "10"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    lines = (cli.stdout + cli.stderr).strip().splitlines()
+    assert cli.returncode != 0, lines
+    assert len(lines) == 1, lines
+    assert "Traceback" not in cli.stderr
+    services.wait_failed_cycles(3, "slurmctld being away", timeout_s=60)
+    while time.monotonic() - signal_sent < 30:
+        assert user in _acl_users(state), "a credential was revoked while Slurm was away"
+        time.sleep(1)
+    after = state.job(job)
+    assert int(after["steps_cursor"].split("-")[0]) >= int(before["steps_cursor"].split("-")[0])
+    assert set(before) <= set(after), "the service dropped its state for the job"
+    cluster.up()
+    beat = state.last_heartbeat()
+    wait_for(
+        lambda: (state.last_heartbeat() or {}).get("ts") != (beat or {}).get("ts"),
+        60,
+        "the service to cycle again",
+    )
+    assert (state.last_heartbeat() or {}).get("jobs") == 1
+    assert slurm.job(job)["JobState"] == "RUNNING"
+    assert user in _acl_users(state)
+    log = (tmp_path / "service-0.log").read_text(errors="replace")
+    assert "credentials_revoked" not in log
+    assert service.poll() is None, "the service died with slurmctld"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _acl_users(state: ServiceState) -> set[str]:
+    names: Any = state.r.execute_command("ACL", "USERS")
+    return {n.decode() if isinstance(n, bytes) else str(n) for n in names}
