@@ -5,7 +5,12 @@
 # exit 0 so a problem of ours never drains a node. See prolog/README.md.
 # What we say also goes to syslog (slurmd discards a passing prolog's output); the socket is
 # STRAGGLER_HEALTH_SYSLOG_SOCKET, /dev/log by default.
-bin="${STRAGGLER_PROLOG_BIN:-straggler-prolog}"
+# The console script: STRAGGLER_PROLOG_BIN, else the one of the venv this wrapper was
+# installed into (/opt/slurm-straggler/prolog/ -> /opt/slurm-straggler/bin/), else PATH.
+here="$(dirname "$0")"
+default=straggler-prolog
+[ -x "$here/../bin/straggler-prolog" ] && default="$here/../bin/straggler-prolog"
+bin="${STRAGGLER_PROLOG_BIN:-$default}"
 limit="${STRAGGLER_PROLOG_TIMEOUT:-25}"
 say() {
   echo "straggler-prolog: $1" >&2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 import redis
@@ -27,10 +28,31 @@ class _Group(click.Group):
     """Turns every error into one clear line with a hint and a non-zero exit, never a
     traceback (``--log-level debug`` logs it)."""
 
+    def main(  # type: ignore[override]
+        self, args: list[str] | None = None, prog_name: str | None = None, **extra: Any
+    ) -> Any:
+        """click's usage errors (an unknown option, a missing argument, an unreadable
+        ``--config``) on one line too, with the command's --help as the hint."""
+        if not extra.pop("standalone_mode", True):
+            return super().main(args, prog_name, standalone_mode=False, **extra)
+        try:
+            value = super().main(args, prog_name, standalone_mode=False, **extra)
+        except click.UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # a bare group: its help
+                exc.show()
+                sys.exit(exc.exit_code)
+            where = exc.ctx.command_path if exc.ctx else "straggler"
+            _fail(f"error: {_one_line(exc.format_message())} (hint: {where} --help)", 2)
+        except click.ClickException as exc:
+            _fail(f"error: {_one_line(exc.format_message())}", exc.exit_code)
+        except click.Abort:
+            _fail("aborted", 1)
+        sys.exit(value if isinstance(value, int) else 0)
+
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
+        except (click.exceptions.Exit, click.ClickException, click.Abort, BrokenPipeError):
             raise
         except StragglerError as exc:
             _fail(f"error: {exc}", 2)

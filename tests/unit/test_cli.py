@@ -129,3 +129,44 @@ def test_environment_and_file_errors_are_one_line(
         assert result.exit_code == 2, result.output
         assert len(lines) == 1, lines
         assert expected in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["jobs", "--bogus"], "No such option '--bogus'. (hint: straggler jobs --help)"),
+        (["policy", "show"], "Missing argument 'NAME'. (hint: straggler policy show --help)"),
+        (["pause", "--for"], "Option '--for' requires an argument."),
+        (["no-such-command"], "No such command 'no-such-command'."),
+    ],
+)
+def test_usage_errors_are_one_line_with_a_hint(
+    runner: CliRunner, argv: list[str], says: str
+) -> None:
+    """click's own usage errors follow the house rule too: one line, a hint, exit 2."""
+    result = runner.invoke(cli, argv, prog_name="straggler")
+    assert result.exit_code == 2
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith(f"error: {says}"), line
+    assert "(hint: straggler" in line
+
+
+def test_a_closed_pipe_is_not_an_error(tmp_path: Path) -> None:
+    """`straggler config show | head -1`: the reader went away; no 'unexpected' error line."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slurm_plugin.cli.main", "config", "show"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    proc.wait(timeout=30)
+    assert "unexpected" not in err, err
