@@ -73,8 +73,8 @@ class _Group(click.Group):
         return None
 
 
-def _one_line(exc: BaseException) -> str:
-    """An exception's message on one printable line, at most 300 characters."""
+def _one_line(exc: BaseException | str) -> str:
+    """An exception's message (or a text) on one printable line, at most 300 characters."""
     text = " ".join(str(exc).split())
     return "".join(c if c.isprintable() else "?" for c in text)[:300]
 

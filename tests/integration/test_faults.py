@@ -441,7 +441,7 @@ def test_slurmctld_stopped_for_30_seconds_forgets_and_revokes_nothing(
     slurm.wait_job(job, "RUNNING")
     credentials.issue(state.r, job)  # what the prolog does with job_credentials = true
     user = credentials.username(job)
-    wait_for(lambda: state.job(job).get("steps_cursor"), 60, "the service to read the job")
+    wait_for(lambda: "steps_cursor" in state.job(job), 60, "the service to read the job")
     before = dict(state.job(job))
     pidfile = cluster.base / "run" / "slurmctld.pid"
     pid = int(pidfile.read_text().split()[0])
@@ -492,5 +492,6 @@ def _alive(pid: int) -> bool:
 
 
 def _acl_users(state: ServiceState) -> set[str]:
-    names: Any = state.r.execute_command("ACL", "USERS")
+    client: Any = state.r
+    names = client.execute_command("ACL", "USERS")
     return {n.decode() if isinstance(n, bytes) else str(n) for n in names}
