@@ -19,7 +19,7 @@ RELEASE_TESTS ?= tests/unit/test_slurm_releases.py tests/integration/test_schedu
                  tests/integration/test_cluster_harness.py tests/integration/test_service.py \
                  tests/integration/test_spank.py
 
-.PHONY: install system-packages test test-releases demo lint cluster-up cluster-down clean
+.PHONY: install system-packages test-packages test test-releases demo lint cluster-up cluster-down clean
 
 install: system-packages $(VENV)/.installed
 
@@ -40,12 +40,12 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=25.1"
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[torch,metrics]" --group dev
+	$(BIN)/python -m pip install -q -e ".[torch,metrics,demo]" --group dev
 	touch $@
 
 # Bring the local cluster up, run every test tier that this machine can run, and always bring
 # the cluster down again (also when tests fail). Exit status: pytest's (5 = no tests = failure).
-test: install
+test: install test-packages
 	@status=0; \
 	$(BIN)/straggler devcluster up --spank || status=$$?; \
 	if [ $$status -eq 0 ]; then \
@@ -53,6 +53,15 @@ test: install
 	fi; \
 	$(BIN)/straggler devcluster down || true; \
 	exit $$status
+
+# What only the tests need: headless Chromium renders the demo report (tests/integration/
+# test_report.py).
+test-packages:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing system packages for the tests (missing: chromium)"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "error: run as root to install: chromium" >&2; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends chromium; }
 
 # The same tests on every Slurm release of RELEASES, each in a minimal Debian chroot with its own
 # namespaces (contrib/releases/test-release; chroots cached in /var/cache). Leaves the host's

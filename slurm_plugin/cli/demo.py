@@ -13,6 +13,7 @@ from slurm_plugin.cli.common import json_option
 from slurm_plugin.cli.output import emit_json
 from slurm_plugin.config import Settings
 from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.errors import StragglerError
 
 
 @click.command("demo")
@@ -59,7 +60,13 @@ def demo(
 ) -> None:
     """Run a real DDP job on 3 of the 4 dev nodes, slow node3 down for real, and watch the
     service detect it and requeue the job without node3; then report."""
-    from slurm_plugin.demo.report import write_report  # noqa: PLC0415 - heavy, demo only
+    try:
+        from slurm_plugin.demo.report import headline, write_report  # noqa: PLC0415 - heavy
+    except ImportError as exc:
+        raise StragglerError(
+            f"the demo's report needs the demo extra ({exc.name} is missing; hint: "
+            "pip install 'slurm-straggler[demo]', or run `make demo`)"
+        ) from exc
     from slurm_plugin.demo.run import run_scenario, summarize  # noqa: PLC0415
 
     # SIGTERM (a CI runner, `timeout`) must run the clean-up below like Ctrl-C does: stop the
@@ -101,7 +108,7 @@ def demo(
         runs.append((observed, summarize(observed)))
         ratio = evicted.total_s / observed.total_s
     report = out_dir / "report.html"
-    write_report(report, runs, ratio)
+    write_report(report, runs)
     (out_dir / "summary.json").write_text(json.dumps([s for _, s in runs], indent=2))
     if as_json:
         emit_json({"runs": [s for _, s in runs], "ratio": ratio, "report": str(report)})
@@ -112,11 +119,7 @@ def demo(
             if key != "decisions":
                 click.echo(f"  {key:24} {value}")
         click.echo("")
-    if ratio is not None:
-        click.echo(
-            f"total job time with eviction / without: {ratio:.2f} "
-            f"({(1 - ratio) * 100:.0f}% less time)"
-        )
+    click.echo(headline([s for _, s in runs]))
     click.echo(f"report: {report}")
 
 

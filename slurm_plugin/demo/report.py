@@ -1,106 +1,180 @@
-"""The demo's report: a summary table and an HTML page with an SVG plot of per-rank compute."""
+"""The demo's report: an HTML page (jinja2) with the headline an admin asks for (time and
+rank-hours lost to the straggler, with and without eviction), per-run figures in words, a
+heatmap of each rank's compute against its peers, each decision's states over time and its
+reasons; the raw JSON only in a collapsible detail. Needs the ``demo`` extra."""
 
 from __future__ import annotations
 
-import html
 import json
+import math
 from pathlib import Path
 from typing import Any
 
-from slurm_plugin.demo.run import DemoRun
+import jinja2
 
-_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
-W, H, PAD = 900, 360, 50
+from slurm_plugin.demo.figures import heatmap_svg, timeline_svg
+from slurm_plugin.demo.run import SLOW_NODE, DemoRun
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("slurm_plugin.demo", "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+)
+NONE = "\N{EN DASH}"  # a missing figure
 
 
-def _svg(run: DemoRun, summary: dict[str, Any]) -> str:
-    if not run.records:
-        return "<p>no telemetry</p>"
-    t0 = run.started
-    xs = [r.ts - t0 for r in run.records]
-    ys = [(r.compute_s or 0.0) * 1000 for r in run.records]
-    x_max, y_max = max(xs) or 1.0, (max(ys) or 1.0) * 1.1
+def _num(value: Any, fmt: str = "{:g}", unit: str = "") -> str:
+    """A figure for a table: an en dash for a missing or non-finite one, never None or NaN."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return NONE
+    return fmt.format(value) + (f" {unit}" if unit else "")
 
-    def px(x: float) -> float:
-        return PAD + (W - 2 * PAD) * x / x_max
 
-    def py(y: float) -> float:
-        return H - PAD - (H - 2 * PAD) * y / y_max
+def _reasons(raw: str | None) -> list[str]:
+    """A decision's reasons as sentences (stored as a JSON list)."""
+    if not raw:
+        return []
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        return [raw]
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
 
-    parts = [
+
+def _figures(s: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The run's figures as (label, value, what it means)."""
+    delay = s.get("detection_delay_steps")
+    detected = (
+        f"{delay} steps" if delay is not None else NONE,
         (
-            f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-            'font-family="sans-serif" font-size="12">'
+            f"{_num(s.get('detection_delay_s'), unit='s')} after the onset at step "
+            f"{_num(s.get('onset_step'))}"
         ),
-        f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" stroke="#333"/>',
-        f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{H - PAD}" stroke="#333"/>',
-        f'<text x="{W / 2}" y="{H - 12}" text-anchor="middle">seconds since submit</text>',
+    )
+    return [
+        ("Job", f"{s.get('state') or NONE}", f"{s.get('restarts', 0)} restart(s)"),
+        ("Job time", _num(s.get("total_s"), "{:.1f}", "s"), "submit to completion"),
+        ("Detected", *detected),
         (
-            f'<text x="14" y="{H / 2}" transform="rotate(-90 14 {H / 2})" '
-            'text-anchor="middle">compute per step (ms)</text>'
+            "Onset to requeue",
+            _num(s.get("onset_to_requeue_s"), "{:.1f}", "s"),
+            "the job requeued without the straggler" if s.get("excluded") else "not requeued",
+        ),
+        (
+            "Pace",
+            (
+                f"{_num(s.get('steps_per_s_before'), '{:.1f}')} → "
+                f"{_num(s.get('steps_per_s_during'), '{:.1f}')} → "
+                f"{_num(s.get('steps_per_s_after'), '{:.1f}')}"
+            ),
+            "steps per second: before the onset, while slow, after the requeue",
+        ),
+        (
+            "Resumed from step",
+            _num(s.get("resumed_from_step")),
+            f"{s['work_lost_steps']} step(s) done twice"
+            if s.get("work_lost_steps") is not None
+            else "not restarted",
+        ),
+        (
+            "Lost to the straggler",
+            _num(s.get("lost_to_straggler_s"), "{:.1f}", "s"),
+            f"{_num(s.get('rank_hours_lost'), '{:.3f}')} rank-hours over {s.get('ranks', 0)} ranks",
+        ),
+        (
+            "Nodes at the end",
+            ", ".join(s.get("final_nodes") or []) or NONE,
+            f"excluded: {s.get('excluded') or 'none'}",
         ),
     ]
-    for tick in range(6):
-        y = y_max * tick / 5
-        parts.append(f'<text x="{PAD - 6}" y="{py(y) + 4:.0f}" text-anchor="end">{y:.0f}</text>')
-        x = x_max * tick / 5
-        parts.append(
-            f'<text x="{px(x):.0f}" y="{H - PAD + 16}" text-anchor="middle">{x:.0f}</text>'
-        )
-    by_rank: dict[tuple[int, int], list[tuple[float, float]]] = {}
-    for r, x, y in zip(run.records, xs, ys, strict=True):
-        by_rank.setdefault((r.rank, r.attempt), []).append((x, y))
-    for (rank, attempt), points in sorted(by_rank.items()):
-        points.sort()
-        path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in points)
-        node = next((r.node for r in run.records if r.rank == rank and r.attempt == attempt), "")
-        parts.append(
-            f'<polyline fill="none" stroke="{_COLORS[rank % len(_COLORS)]}" '
-            f'stroke-width="1" points="{path}"><title>rank {rank} on {node} '
-            f"(run {attempt})</title></polyline>"
-        )
-    marks = [("onset", run.onset_ts, "#d62728")]
-    detection = next((d for d in run.decisions if d.get("node") == "node3"), None)
-    if detection:
-        marks.append(("detection", float(detection["detected_ts"]), "#9467bd"))
-    eviction = next((d for d in run.decisions if d.get("held_ts")), None)
-    if eviction:
-        marks.append(("eviction", float(eviction["held_ts"]), "#000"))
-    for label, ts, color in marks:
-        if ts is None:
-            continue
-        x = px(ts - t0)
-        parts.append(
-            f'<line x1="{x:.1f}" y1="{PAD}" x2="{x:.1f}" y2="{H - PAD}" '
-            f'stroke="{color}" stroke-dasharray="4 3"/>'
-        )
-        parts.append(f'<text x="{x + 3:.1f}" y="{PAD + 12}" fill="{color}">{label}</text>')
-    parts.append("</svg>")
-    return "\n".join(parts)
 
 
-def write_report(
-    path: Path, runs: list[tuple[DemoRun, dict[str, Any]]], ratio: float | None
-) -> None:
-    """One HTML page: the figures of each run and the plot of the first."""
-    sections = []
-    for run, summary in runs:
-        rows = "".join(
-            f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(json.dumps(v))}</td></tr>"
-            for k, v in summary.items()
-            if k != "decisions"
+def _story(run: DemoRun, s: dict[str, Any]) -> str:
+    if run.policy == "observe":
+        return (
+            f"Under observe the service records what it finds and changes nothing: "
+            f"{SLOW_NODE} stays slow until the job ends."
         )
-        decisions = html.escape(json.dumps(summary["decisions"], indent=1))
-        sections.append(
-            f"<h2>policy {html.escape(run.policy)} — job {run.job_id}</h2>"
-            f"{_svg(run, summary)}<table>{rows}</table><pre>{decisions}</pre>"
+    if s.get("excluded"):
+        return (
+            f"The service detected {SLOW_NODE}, requeued the job at its next checkpoint "
+            f"without {SLOW_NODE}, and the job resumed from step "
+            f"{_num(s.get('resumed_from_step'))} on {', '.join(s.get('final_nodes') or [])}."
         )
-    if runs:
-        path.with_name("plot.svg").write_text(_svg(*runs[0]))
-    goodput = f"<p><b>Total job time with eviction / without: {ratio:.2f}</b></p>" if ratio else ""
-    path.write_text(
-        "<!doctype html><meta charset='utf-8'><title>slurm-straggler demo</title>"
-        "<style>body{font-family:sans-serif;max-width:960px;margin:2em auto}"
-        "td{padding:2px 8px;border-bottom:1px solid #ddd}</style>"
-        "<h1>slurm-straggler demo</h1>" + goodput + "".join(sections)
+    return f"The job was not requeued under {run.policy}."
+
+
+def headline(summaries: list[dict[str, Any]]) -> str:
+    """One sentence: what eviction changed, in time and rank-hours."""
+    evicted = next((s for s in summaries if s.get("excluded")), summaries[0] if summaries else {})
+    observed = next((s for s in summaries if s.get("policy") == "observe"), None)
+    lost = evicted.get("lost_to_straggler_s")
+    if observed is None or not evicted.get("total_s") or not observed.get("total_s"):
+        return (
+            f"Policy {evicted.get('policy', '?')}: the job took "
+            f"{_num(evicted.get('total_s'), '{:.0f}', 's')}; the straggler cost "
+            f"{_num(lost, '{:.0f}', 's')}."
+        )
+    less = 1 - evicted["total_s"] / observed["total_s"]
+    saved = None
+    if lost is not None and observed.get("lost_to_straggler_s") is not None:
+        saved = (observed["lost_to_straggler_s"] - lost) * int(observed.get("ranks") or 0) / 3600
+    return (
+        f"Evicting {SLOW_NODE} finished the job in {evicted['total_s']:.0f} s instead of "
+        f"{observed['total_s']:.0f} s ({less:.0%} less time): the straggler cost "
+        f"{_num(lost, '{:.0f}', 's')} instead of "
+        f"{_num(observed.get('lost_to_straggler_s'), '{:.0f}', 's')}"
+        + (f", {saved:.3f} rank-hours saved." if saved is not None and saved > 0 else ".")
     )
+
+
+def render(runs: list[tuple[DemoRun, dict[str, Any]]]) -> str:
+    """The report page."""
+    summaries = [s for _, s in runs]
+    pages = []
+    for run, s in runs:
+        pages.append(
+            {
+                "policy": run.policy,
+                "job_id": run.job_id,
+                "story": _story(run, s),
+                "heatmap": heatmap_svg(run),
+                "timeline": timeline_svg(run),
+                "figures": _figures(s),
+                "decisions": [
+                    {
+                        "id": d.get("id", NONE),
+                        "node": d.get("node") or NONE,
+                        "verdict": d.get("decision") or d.get("action") or NONE,
+                        "state": d.get("state") or NONE,
+                        "reasons": _reasons(d.get("reasons")),
+                    }
+                    for d in run.decisions
+                ],
+                "raw": json.dumps(s, indent=1, default=str),
+            }
+        )
+    comparison = [
+        {
+            "policy": s.get("policy"),
+            "total": _num(s.get("total_s"), "{:.1f}", "s"),
+            "lost": _num(s.get("lost_to_straggler_s"), "{:.1f}", "s"),
+            "rank_hours": _num(s.get("rank_hours_lost"), "{:.3f}"),
+            "restarts": s.get("restarts", 0),
+        }
+        for s in summaries
+    ]
+    template = _TEMPLATES.get_template("report.html.j2")
+    return template.render(
+        headline=headline(summaries),
+        comparison=comparison if len(summaries) > 1 else [],
+        runs=pages,
+        slow_node=SLOW_NODE,
+    )
+
+
+def write_report(path: Path, runs: list[tuple[DemoRun, dict[str, Any]]]) -> None:
+    """report.html, and plot.svg beside it (the first run's heatmap, for the README)."""
+    path.write_text(render(runs))
+    if runs:
+        path.with_name("plot.svg").write_text(heatmap_svg(runs[0][0]))

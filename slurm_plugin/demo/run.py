@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -41,6 +42,8 @@ class DemoRun:
     job: dict[str, str] = field(default_factory=dict)
     records: list[StepRecord] = field(default_factory=list)
     decisions: list[dict[str, str]] = field(default_factory=list)
+    #: The audit entries of the job's decisions: every state change, oldest first.
+    audit: list[dict[str, str]] = field(default_factory=list)
     output: str = ""
 
     @property
@@ -155,6 +158,7 @@ def _collect(
     )
     run.records = list(store.iter_steps(run.job_id))
     run.decisions = state.job_decisions(run.job_id)
+    run.audit = state.audit(job_id=run.job_id)
     run.output = (work / "job.log").read_text() if (work / "job.log").exists() else ""
 
 
@@ -197,6 +201,40 @@ def _prolog(work: Path, url: str) -> Path:
     return target
 
 
+def _rate(rows: list[StepRecord], t0: float | None = None, t1: float | None = None) -> float:
+    """Steps per second of rank 0's records between t0 and t1 (NaN with fewer than two)."""
+    sel = [r for r in rows if (t0 is None or r.ts >= t0) and (t1 is None or r.ts <= t1)]
+    if len(sel) < 2:
+        return float("nan")
+    return (len(sel) - 1) / max(1e-9, sel[-1].ts - sel[0].ts)
+
+
+def lost_to_straggler_s(
+    run: DemoRun,
+    first_run: list[StepRecord],
+    second_run: list[StepRecord],
+    requeue_ts: float | None,
+    work_lost_steps: int | None,
+) -> float | None:
+    """Wall time the straggler cost the job, against its own healthy pace: the slow stretch
+    (onset to requeue, or to the end without one) less the time its steps take at the rate
+    before the onset; then the requeue (requeue to the first step again, less the first run's
+    own start-up) and the steps done twice, at the new rate."""
+    pace = _rate(first_run, None, run.onset_ts)
+    if run.onset_ts is None or not first_run or not math.isfinite(pace):
+        return None
+    end = requeue_ts if requeue_ts is not None else first_run[-1].ts
+    done = sum(1 for r in first_run if run.onset_ts < r.ts <= end)
+    lost = max(0.0, (end - run.onset_ts) - done / pace)
+    if requeue_ts is not None and second_run:
+        startup = first_run[0].ts - run.started
+        lost += max(0.0, second_run[0].ts - requeue_ts - startup)
+        after = _rate(second_run)
+        if work_lost_steps and math.isfinite(after):
+            lost += work_lost_steps / after
+    return lost
+
+
 def summarize(run: DemoRun) -> dict[str, Any]:
     """The figures of one run: detection delay, onset -> requeue, step rates, work lost."""
     nodes = expand_hostlist(run.job.get("NodeList", ""))
@@ -206,23 +244,18 @@ def summarize(run: DemoRun) -> dict[str, Any]:
     first_run = [r for r in rank0 if r.attempt == 0]
     second_run = [r for r in rank0 if r.attempt > 0]
 
-    def rate(rows: list[StepRecord], t0: float | None = None, t1: float | None = None) -> float:
-        sel = [r for r in rows if (t0 is None or r.ts >= t0) and (t1 is None or r.ts <= t1)]
-        if len(sel) < 2:
-            return float("nan")
-        return (len(sel) - 1) / max(1e-9, sel[-1].ts - sel[0].ts)
-
     requeue_ts = None
-    if eviction is not None:
-        requeue_ts = float(eviction.get("updated_at", 0))
-        for key in ("held_ts",):
-            requeue_ts = float(eviction.get(key, requeue_ts))
+    if eviction is not None and (eviction.get("held_ts") or eviction.get("updated_at")):
+        requeue_ts = float(eviction.get("held_ts") or eviction["updated_at"])
     resumed = [
         int(line.split()[-1])
         for line in run.output.splitlines()
         if line.startswith("resumed from checkpoint at step")
     ]
     last_before = max((r.step for r in first_run), default=None)
+    work_lost = last_before + 1 - resumed[-1] if resumed and last_before is not None else None
+    lost = lost_to_straggler_s(run, first_run, second_run, requeue_ts, work_lost)
+    ranks = len({r.rank for r in run.records})
     return {
         "policy": run.policy,
         "job_id": run.job_id,
@@ -246,13 +279,14 @@ def summarize(run: DemoRun) -> dict[str, Any]:
         "onset_to_requeue_s": (
             round(requeue_ts - run.onset_ts, 1) if requeue_ts and run.onset_ts else None
         ),
-        "steps_per_s_before": round(rate(first_run, None, run.onset_ts), 2),
-        "steps_per_s_during": round(rate(first_run, run.onset_ts, None), 2),
-        "steps_per_s_after": round(rate(second_run), 2),
+        "steps_per_s_before": round(_rate(first_run, None, run.onset_ts), 2),
+        "steps_per_s_during": round(_rate(first_run, run.onset_ts, None), 2),
+        "steps_per_s_after": round(_rate(second_run), 2),
         "resumed_from_step": resumed[-1] if resumed else None,
-        "work_lost_steps": (
-            last_before + 1 - resumed[-1] if resumed and last_before is not None else None
-        ),
+        "work_lost_steps": work_lost,
+        "ranks": ranks,
+        "lost_to_straggler_s": round(lost, 1) if lost is not None else None,
+        "rank_hours_lost": round(lost * ranks / 3600, 4) if lost is not None else None,
         "decisions": [
             {k: d.get(k) for k in ("id", "node", "decision", "action", "state", "reasons")}
             for d in run.decisions

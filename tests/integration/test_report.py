@@ -1,0 +1,178 @@
+"""The demo report as an admin sees it: rendered by headless Chromium (a screenshot is taken and
+must show the page), no horizontal overflow at desktop and laptop widths, figures in words,
+JSON only inside the collapsible detail, and a job's text escaped."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.demo.report import render, write_report
+from slurm_plugin.demo.run import DemoRun, summarize
+from slurm_plugin.telemetry.records import StepRecord
+
+pytest.importorskip("matplotlib", reason="the demo extra is installed by `make install`")
+HOSTILE = "<script>document.title='pwned'</script>"
+T0 = 1_000_000.0
+
+
+def _records(
+    attempt: int, steps: range, t_start: float, nodes: dict[int, str], slow_from: int
+) -> list[StepRecord]:
+    out = []
+    slowed = "node3" in nodes.values()
+    ts = t_start
+    for step in steps:
+        ts += 0.5 if slowed and step >= slow_from else 0.1  # the straggler sets the pace
+        for rank, node in nodes.items():
+            slow = node == "node3" and step >= slow_from
+            compute = 0.05 * (10 if slow else 1) * (1 + 0.05 * ((rank * 7 + step) % 5))
+            out.append(
+                StepRecord("7", rank, node, rank % 2, step, ts, 0.1, compute, 0.02, None, attempt)
+            )
+    return out
+
+
+def _runs() -> list[tuple[DemoRun, dict[str, object]]]:
+    first = {0: "node1", 1: "node1", 2: "node2", 3: "node2", 4: "node3", 5: "node3"}
+    second = {**first, 4: "node4", 5: "node4"}
+    evicted = DemoRun(policy="evict", job_id="7", started=T0, finished=T0 + 36)
+    evicted.onset_ts, evicted.onset_step = T0 + 11.0, 60
+    evicted.records = _records(0, range(80), T0 + 5, first, 60) + _records(
+        1, range(80, 200), T0 + 22, second, 10_000
+    )
+    reasons = json.dumps(["node3 computes 900% longer than its peers", HOSTILE])
+    evicted.decisions = [
+        {
+            "id": "d-1a2b",
+            "node": "node3",
+            "decision": "evict",
+            "action": "evict",
+            "state": "verified",
+            "reasons": reasons,
+            "detected_ts": str(T0 + 11.5),
+            "held_ts": str(T0 + 13.0),
+            "step": "64",
+        }
+    ]
+    changes = [("waiting", 11.5), ("held", 13.0), ("excluded", 13.2), ("released", 13.4)]
+    evicted.audit = [
+        {"id": "d-1a2b", "state": s, "updated_at": str(T0 + t)}
+        for s, t in [*changes, ("verified", 22.5)]
+    ]
+    evicted.job = {
+        "JobState": "COMPLETED",
+        "Restarts": "1",
+        "NodeList": "node[1-2,4]",
+        "ExcNodeList": "node3",
+    }
+    evicted.output = "resumed from checkpoint at step 80\n"
+    observed = DemoRun(policy="observe", job_id="8", started=T0, finished=T0 + 82)
+    observed.onset_ts, observed.onset_step = T0 + 11.0, 60
+    observed.records = _records(0, range(200), T0 + 5, first, 60)
+    observed.decisions = [
+        {
+            "id": "d-3c4d",
+            "node": "node3",
+            "decision": "report",
+            "action": "report",
+            "state": "recorded",
+            "reasons": reasons,
+            "detected_ts": str(T0 + 11.5),
+            "step": "64",
+        }
+    ]
+    observed.audit = [{"id": "d-3c4d", "state": "recorded", "updated_at": str(T0 + 11.6)}]
+    observed.job = {"JobState": "COMPLETED", "Restarts": "0", "NodeList": "node[1-3]"}
+    return [(evicted, summarize(evicted)), (observed, summarize(observed))]
+
+
+def test_the_report_says_it_in_words() -> None:
+    """Headline with time and rank-hours; no None, NaN or JSON quoting outside the detail;
+    reasons as sentences; a job's text escaped."""
+    page = render(_runs())
+    outside = re.sub(r"<details>.*?</details>", "", page, flags=re.S)
+    outside = re.sub(r"<svg.*?</svg>", "", outside, flags=re.S)
+    headline = re.search(r'<p class="headline" id="headline">(.*?)</p>', page, re.S)
+    assert headline is not None
+    assert "Evicting node3 finished the job in 36 s instead of 82 s (56% less time)" in (
+        headline.group(1)
+    )
+    assert "rank-hours saved" in headline.group(1)
+    for bad in ("None", "NaN", "null", '"evict"', "(null)"):
+        assert bad not in outside, bad
+    assert "<li>node3 computes 900% longer than its peers</li>" in page
+    assert HOSTILE not in page
+    assert "&lt;script&gt;" in page
+    assert page.count("<svg") == 4  # a heatmap and a timeline per run
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.fail("chromium is missing: `make test` installs it (apt-get install chromium)")
+    return found
+
+
+def _chrome(tmp_path: Path, *args: str) -> str:
+    done = subprocess.run(
+        [
+            _chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("width", [1280, 800])
+def test_the_report_renders_in_chromium_without_overflow(tmp_path: Path, width: int) -> None:
+    """Chromium lays the page out at ``width`` px: nothing is wider than the window, both
+    figures of each run are drawn, and a screenshot shows a page that is not blank."""
+    from PIL import Image  # noqa: PLC0415 - pillow comes with matplotlib (the demo extra)
+
+    report = tmp_path / "report.html"
+    write_report(report, _runs())
+    probe = tmp_path / "probe.html"
+    measure = (
+        "<script>window.addEventListener('load', () => { const d = document.documentElement;"
+        " const svgs = [...document.querySelectorAll('svg')];"
+        " document.title = JSON.stringify({scroll: d.scrollWidth, client: d.clientWidth,"
+        " svgs: svgs.length, drawn: svgs.filter(s => s.getBoundingClientRect().width > 100)"
+        ".length, widest: Math.max(...svgs.map(s => s.getBoundingClientRect().right))}); });"
+        "</script>"
+    )
+    probe.write_text(report.read_text().replace("</body>", measure + "</body>"))
+    dom = _chrome(
+        tmp_path,
+        f"--window-size={width},2000",
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        probe.as_uri(),
+    )
+    title = re.search(r"<title>(.*?)</title>", dom, re.S)
+    assert title is not None, dom[:500]
+    layout = json.loads(title.group(1))
+    assert layout["scroll"] <= layout["client"], layout
+    assert layout["widest"] <= layout["client"], layout
+    assert layout["svgs"] == layout["drawn"] == 4, layout
+    shot = tmp_path / "report.png"
+    _chrome(tmp_path, f"--window-size={width},2400", f"--screenshot={shot}", report.as_uri())
+    with Image.open(shot) as image:
+        assert image.size == (width, 2400)
+        colours = image.convert("RGB").getcolors(maxcolors=1_000_000) or []
+    assert len(colours) > 200, "the screenshot is (nearly) blank"
