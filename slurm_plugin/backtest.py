@@ -113,6 +113,7 @@ def run_backtest(
                     comm_s=trace.comm_s[idx],
                     data_s=trace.data_s[idx],
                     node=trace.node[idx],
+                    group=trace.group[idx] if trace.group.any() else None,
                 ),
             )
         events += detector.advance(final=end == len(trace))

@@ -28,6 +28,7 @@ TRACE_COLUMNS = (
     "compute_s",
     "comm_s",
     "data_s",
+    "group",
 )
 
 
@@ -53,6 +54,7 @@ def write_trace(records: Iterable[StepRecord], out: TextIO) -> int:
                 _cell(r.compute_s),
                 _cell(r.comm_s),
                 _cell(r.data_s),
+                r.group,
             ]
         )
         rows += 1
@@ -60,7 +62,7 @@ def write_trace(records: Iterable[StepRecord], out: TextIO) -> int:
 
 
 REQUIRED_COLUMNS = ("job_id", "rank", "node", "step", "ts", "step_s")
-OPTIONAL_COLUMNS = ("gpu", "compute_s", "comm_s", "data_s")
+OPTIONAL_COLUMNS = ("gpu", "compute_s", "comm_s", "data_s", "group")
 
 
 @dataclass
@@ -77,6 +79,8 @@ class Trace:
     compute_s: np.ndarray
     comm_s: np.ndarray
     data_s: np.ndarray
+    #: The rank's peer group per record ("" = none; the column is optional).
+    group: np.ndarray
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -165,13 +169,14 @@ def _fast(text: str, header: list[str]) -> Trace | None:
     for key in _INTEGER:
         if key in values and not (values[key] == np.round(values[key])).all():
             return None
+    text_columns = ["job_id", "node", *(["group"] if "group" in header else [])]
     strings = np.loadtxt(
         io.StringIO(text),
         delimiter=",",
         skiprows=1,
         ndmin=2,
         dtype=str,
-        usecols=[header.index("job_id"), header.index("node")],
+        usecols=[header.index(c) for c in text_columns],
     )
     n = len(numbers)
 
@@ -192,6 +197,7 @@ def _fast(text: str, header: list[str]) -> Trace | None:
         compute_s=get("compute_s", False),
         comm_s=get("comm_s", False),
         data_s=get("data_s", False),
+        group=strings[:, 2].astype(object) if "group" in header else np.full(n, "", dtype=object),
     )
 
 
@@ -230,4 +236,5 @@ def _careful(text: str, header: list[str], name: str) -> Trace:
         compute_s=column("compute_s", optional=True),
         comm_s=column("comm_s", optional=True),
         data_s=column("data_s", optional=True),
+        group=np.array(columns.get("group", [""] * n), dtype=object),
     )

@@ -36,6 +36,8 @@ class RecordBatch:
     comm_s: np.ndarray
     data_s: np.ndarray
     node: Sequence[str] | np.ndarray
+    #: Per record, the rank's peer-group label ("" = none); None when no record has one.
+    group: Sequence[str] | np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.rank)
@@ -43,14 +45,25 @@ class RecordBatch:
     def take(self, index: np.ndarray) -> RecordBatch:
         """The records at ``index`` (boolean mask or positions)."""
         nodes = np.asarray(self.node, dtype=object)[index]
-        return _batch({c: getattr(self, c)[index] for c in _COLUMNS}, nodes)
+        groups = None if self.group is None else np.asarray(self.group, dtype=object)[index]
+        return _batch({c: getattr(self, c)[index] for c in _COLUMNS}, nodes, groups)
 
     @staticmethod
     def concat(batches: Sequence[RecordBatch]) -> RecordBatch:
         """One batch of all records."""
         nodes = np.concatenate([np.asarray(b.node, dtype=object) for b in batches])
+        groups = None
+        if any(b.group is not None for b in batches):
+            groups = np.concatenate(
+                [
+                    np.asarray(b.group, dtype=object)
+                    if b.group is not None
+                    else np.full(len(b), "", dtype=object)
+                    for b in batches
+                ]
+            )
         return _batch(
-            {c: np.concatenate([getattr(b, c) for b in batches]) for c in _COLUMNS}, nodes
+            {c: np.concatenate([getattr(b, c) for b in batches]) for c in _COLUMNS}, nodes, groups
         )
 
     @staticmethod
@@ -76,10 +89,13 @@ class RecordBatch:
             col("comm_s", float),
             col("data_s", float),
             node=[r.node for r in rows],
+            group=[r.group for r in rows] if any(r.group for r in rows) else None,
         )
 
 
-def _batch(columns: dict[str, np.ndarray], nodes: np.ndarray) -> RecordBatch:
+def _batch(
+    columns: dict[str, np.ndarray], nodes: np.ndarray, groups: np.ndarray | None = None
+) -> RecordBatch:
     return RecordBatch(
         rank=columns["rank"],
         step=columns["step"],
@@ -91,6 +107,7 @@ def _batch(columns: dict[str, np.ndarray], nodes: np.ndarray) -> RecordBatch:
         comm_s=columns["comm_s"],
         data_s=columns["data_s"],
         node=nodes,
+        group=groups,
     )
 
 
@@ -106,6 +123,7 @@ class _JobState:
     rank_last_step: dict[int, tuple[int, float]] = field(default_factory=dict)
     rank_node: dict[int, str] = field(default_factory=dict)
     rank_gpu: dict[int, int] = field(default_factory=dict)
+    rank_group: dict[int, str] = field(default_factory=dict)
 
 
 class Detector:
@@ -180,6 +198,7 @@ class Detector:
             # straggler is attributed to its new node, never to the one just excluded.
             state.rank_node.clear()
             state.rank_gpu.clear()
+            state.rank_group.clear()
         current = batch.attempt == state.attempt
         late = batch.step <= state.last_step
         self.late_records += int((late | ~current).sum())
@@ -218,6 +237,8 @@ class Detector:
             if rank not in state.rank_node:
                 state.rank_node[rank] = batch.node[index]
                 state.rank_gpu[rank] = int(batch.gpu[index])
+                if batch.group is not None and batch.group[index]:
+                    state.rank_group[rank] = str(batch.group[index])
         order = np.lexsort((batch.ts, batch.rank))
         last = np.r_[batch.rank[order][1:] != batch.rank[order][:-1], True]
         for rank, step, ts in zip(
@@ -241,11 +262,21 @@ class Detector:
             for rank, node in state.rank_node.items():
                 rank_node[rank] = index[node]
                 rank_gpu[rank] = state.rank_gpu[rank]
+            labels = {name: i for i, name in enumerate(sorted(set(state.rank_group.values())))}
+            rank_group = np.full(world, -1, dtype=np.int64)
+            for rank, label in state.rank_group.items():
+                rank_group[rank] = labels[label]
             fresh = JobDetector(
-                state.job_id, self.params, state.attempt, rank_node, rank_gpu, names
+                state.job_id,
+                self.params,
+                state.attempt,
+                rank_node,
+                rank_gpu,
+                names,
+                rank_group=rank_group,
             )
-            if det is not None:  # a rank appeared late: keep the warm-up progress
-                fresh.steps_done = det.steps_done
+            if det is not None:  # a rank appeared late: keep the warm-up and the structure
+                fresh.adopt(det)
             state.detector = det = fresh
         return det
 

@@ -85,6 +85,9 @@ class JobDetector:
     rank_gpu: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     node_names: list[str] = field(default_factory=list)
     steps_done: int = 0
+    #: Per rank, the peer group it belongs to (the same work: a pipeline stage...); -1 when
+    #: the job gave none. Labelled groups set the structure; without labels it is inferred.
+    rank_group: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def __post_init__(self) -> None:
         n = len(self.rank_node)
@@ -104,6 +107,16 @@ class JobDetector:
         nodes_sorted = self.rank_node[self._order]
         self._node_starts = np.flatnonzero(np.r_[True, nodes_sorted[1:] != nodes_sorted[:-1]])
         self._node_of_group = nodes_sorted[self._node_starts] if n else nodes_sorted
+        # Structure: per rank, the log of its by-design compute offset, learned at the end of
+        # the warm-up; compute is divided by exp(offset) before anything else.
+        self._offset = np.zeros(n)
+        self._warm_log = np.zeros(n)
+        self._warm_log2 = np.zeros(n)
+        self._warm_n = np.zeros(n)
+        self._warm_target: int | None = None
+        self.learned = False
+        #: What was taken for structure: offset (%), ranks, nodes; for logs and tests.
+        self.structure: list[dict[str, object]] = []
 
     @property
     def world(self) -> int:
@@ -117,13 +130,94 @@ class JobDetector:
         # Zero medians, empty rows and the like yield NaN/inf, which the code masks out.
         with np.errstate(invalid="ignore", divide="ignore"):
             for begin in range(0, len(block.steps), _MAX_ROWS):
-                events += self._process(block.rows(begin, begin + _MAX_ROWS))
+                part = block.rows(begin, begin + _MAX_ROWS)
+                target = self._warmup_target(part)
+                cut = target - self.steps_done
+                if not self.learned and 0 < cut < len(part.steps):  # the warm-up ends inside
+                    events += self._process(part.rows(0, cut))
+                    part = part.rows(cut, len(part.steps))
+                if not self.learned and self.steps_done >= target:
+                    self._learn_structure()
+                events += self._process(part)
+                if not self.learned and self.steps_done >= target:
+                    self._learn_structure()
         return events
+
+    def adopt(self, older: JobDetector) -> None:
+        """Carry the warm-up and the learned structure of the detector this one replaces (a
+        rank appeared late); the new ranks have no offset."""
+        self.steps_done = older.steps_done
+        self._warm_target = older._warm_target
+        k = min(self.world, older.world)
+        self._offset[:k] = older._offset[:k]
+        self._warm_log[:k] = older._warm_log[:k]
+        self._warm_log2[:k] = older._warm_log2[:k]
+        self._warm_n[:k] = older._warm_n[:k]
+        self.learned = older.learned
+        self.structure = older.structure
+
+    # -- warm-up and structure -----------------------------------------------------------------
+    def _warmup_target(self, b: Block) -> int:
+        """Steps of warm-up: ``warmup_steps``, or fewer when they would take longer than
+        ``warmup_s`` (at least 3), judged on the first steps' median time."""
+        if self._warm_target is None:
+            p = self.params
+            step = float(np.nanmedian(b.step_s)) if np.isfinite(b.step_s).any() else math.nan
+            target = p.warmup_steps
+            span = p.warmup_s / step if math.isfinite(step) and step > 0 else math.inf
+            if span < p.warmup_steps:
+                target = min(p.warmup_steps, max(3, math.ceil(span)))
+            self._warm_target = target
+        return self._warm_target
+
+    def _learn_structure(self) -> None:
+        """At the end of the warm-up: ranks that share a compute offset across several nodes
+        (or a labelled peer group's common offset) are structure, not stragglers: from now on
+        each is compared with its own baseline. A lone rank or a single node that is slow
+        from the start stays a straggler."""
+        self.learned = True
+        p = self.params
+        n = np.maximum(self._warm_n, 1)
+        base = np.where(self._warm_n > 0, self._warm_log / n, np.nan)
+        # Noise is each rank's own step-to-step spread (the cross-rank spread would count the
+        # structure as noise); an offset must stand well above it and above half the minimum.
+        own = np.sqrt(np.maximum(self._warm_log2 / n - base**2, 0.0))
+        jitter = float(np.nanmedian(own)) if np.isfinite(own).any() else 0.0
+        floor = p.spread_floor_pct / 100.0
+        noise = max(math.log1p(p.min_slowdown_pct / 100.0) / 2.0, 4.0 * max(jitter, floor))
+        groups: list[np.ndarray] = []
+        labels = self.rank_group if len(self.rank_group) == self.world else np.full(self.world, -1)
+        for label in np.unique(labels[labels >= 0]).tolist():
+            members = np.flatnonzero((labels == label) & np.isfinite(base))
+            if len(members) >= 3:
+                groups.append(members)
+        unlabelled = np.flatnonzero((labels < 0) & np.isfinite(base) & (np.abs(base) > noise))
+        order = unlabelled[np.argsort(base[unlabelled], kind="stable")]
+        if len(order):
+            values = base[order]
+            gaps = np.diff(values) > np.maximum(noise, 0.25 * np.abs(values[1:]))
+            for cluster in np.split(order, np.flatnonzero(gaps) + 1):
+                nodes = set(self.rank_node[cluster].tolist())
+                if len(cluster) >= 2 and len(nodes) >= p.structure_min_nodes:
+                    groups.append(cluster)
+        for members in groups:
+            offset = float(np.median(base[members]))
+            if abs(offset) <= noise:
+                continue
+            self._offset[members] = offset
+            self.structure.append(
+                {
+                    "offset_pct": round(math.expm1(offset) * 100.0, 1),
+                    "ranks": len(members),
+                    "nodes": sorted({self.node_names[i] for i in self.rank_node[members]}),
+                }
+            )
+        self._spread = math.nan  # the spread seen so far included the structure
 
     def _process(self, b: Block) -> list[Event]:
         p = self.params
         rows = len(b.steps)
-        c = b.compute
+        c = b.compute / np.exp(self._offset)[None, :] if self.learned else b.compute
         med_c = row_median(c)
         valid_rows = (np.sum(np.isfinite(c), axis=1) >= p.min_world_size) & (med_c > 0)
         # Relative deviations: slowdowns are relative, and a step where every rank slows
@@ -140,10 +234,16 @@ class JobDetector:
         z = np.clip(rel / spread[:, None], -p.clip, p.clip)
         z = np.where(np.isfinite(z), z, 0.0)
 
-        warm_rows = max(0, min(rows, p.warmup_steps - self.steps_done))
+        warm_rows = max(0, min(rows, (self._warm_target or 0) - self.steps_done))
         live = valid_rows.copy()
         live[:warm_rows] = False
         self.steps_done += rows
+        if warm_rows and not self.learned:
+            log_ratio = np.log(c[:warm_rows] / med_c[:warm_rows, None])
+            ok = np.isfinite(log_ratio) & valid_rows[:warm_rows, None]
+            self._warm_log += np.where(ok, log_ratio, 0.0).sum(axis=0)
+            self._warm_log2 += np.where(ok, log_ratio**2, 0.0).sum(axis=0)
+            self._warm_n += ok.sum(axis=0)
 
         k0 = np.clip(0.5 * p.min_slowdown_pct / 100.0 / spread, 0.1, 8.0)
         k0 = np.where(live, k0, 1.0)
@@ -317,7 +417,7 @@ class JobDetector:
         if warm_rows:
             self._warm.append(np.c_[low_comm[:warm_rows], med_c[:warm_rows], med_step[:warm_rows]])
         if self._base is None:
-            if self.steps_done < p.warmup_steps or not self._warm:
+            if self.steps_done < (self._warm_target or 0) or not self._warm:
                 return []
             warm = np.vstack(self._warm)
             base = row_median(warm.T)  # per column; NaN (no warning) when all-NaN

@@ -21,6 +21,12 @@ class DetectionParams:
     min_slowdown_pct: float = 3.0
     false_alarm_arl: float = DEFAULT_ARL
     warmup_steps: int = 20
+    #: The warm-up also ends after this many seconds of steps (at least 3 steps): a job of
+    #: 30 s steps is watched after a few steps, not after ten minutes.
+    warmup_s: float = 60.0
+    #: Ranks that share an offset from the warm-up on, across at least this many nodes, are
+    #: structure (a pipeline stage, a different SKU), compared with themselves from then on.
+    structure_min_nodes: int = 2
     hang_timeout_s: float = 300.0
     clip: float = 6.0
     spread_floor_pct: float = 0.1
@@ -41,6 +47,8 @@ class DetectionParams:
             "min_slowdown_pct": self.min_slowdown_pct > 0,
             "false_alarm_arl": self.false_alarm_arl > 10,
             "warmup_steps": self.warmup_steps >= 0,
+            "warmup_s": self.warmup_s > 0,
+            "structure_min_nodes": self.structure_min_nodes >= 2,
             "hang_timeout_s": self.hang_timeout_s > 0,
             "clip": self.clip > 0,
             "spread_floor_pct": self.spread_floor_pct > 0,

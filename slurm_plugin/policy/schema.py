@@ -30,6 +30,13 @@ class DetectionPolicy(Strict):
     warmup_steps: int = Field(
         20, ge=0, le=100_000, description="Steps ignored after each (re)start."
     )
+    warmup_s: float = Field(
+        60.0,
+        gt=0,
+        le=86400,
+        description="The warm-up also ends after this many seconds of steps (at least 3 "
+        "steps), so jobs with long steps are watched within minutes.",
+    )
     hang_timeout_s: float = Field(
         300.0, gt=0, le=86400, description="No progress this long is a hang."
     )

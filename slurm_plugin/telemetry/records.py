@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from slurm_plugin.errors import TelemetryError
 
 MAX_STEPS_PER_ENTRY = 10_000
 _MISSING = "-"
+_GROUP = re.compile(r"[A-Za-z0-9_.:=/+-]{1,64}")
 
 # One raw step as the reporter buffers it: (step, ts, step_s, compute_s, comm_s, data_s).
 RawStep = tuple[int, float, float, float | None, float | None, float | None]
@@ -38,6 +40,8 @@ class StepRecord:
     comm_s: float | None = None
     data_s: float | None = None
     attempt: int = 0
+    #: The rank's peer group (ranks doing the same work, e.g. a pipeline stage); "" = none.
+    group: str = ""
 
 
 def is_valid_duration(value: float | None) -> bool:
@@ -66,13 +70,14 @@ def _fmt(value: float | None) -> str:
 
 
 def encode_steps(
-    rank: int, node: str, gpu: int, attempt: int, raws: Sequence[RawStep]
+    rank: int, node: str, gpu: int, attempt: int, raws: Sequence[RawStep], group: str = ""
 ) -> dict[str, str]:
-    """The stream fields for one rank's batch of (already validated) steps."""
+    """The stream fields for one rank's batch of (already validated) steps; ``group`` (the
+    rank's peer group) only when there is one."""
     lines = "\n".join(
         f"{s} {ts:.6f} {_fmt(a)} {_fmt(b)} {_fmt(c)} {_fmt(d)}" for s, ts, a, b, c, d in raws
     )
-    return {
+    fields = {
         "rank": str(rank),
         "node": node,
         "gpu": str(gpu),
@@ -80,6 +85,17 @@ def encode_steps(
         "n": str(len(raws)),
         "steps": lines,
     }
+    if group:
+        fields["group"] = check_group(group)
+    return fields
+
+
+def check_group(group: str) -> str:
+    """A peer-group label: at most 64 printable characters without spaces or commas (it is a
+    CSV column and a label in logs); raises :class:`TelemetryError` otherwise."""
+    if not _GROUP.fullmatch(group):
+        raise TelemetryError(f"group label must match {_GROUP.pattern}: {group[:40]!r}")
+    return group
 
 
 def _field(fields: Mapping[str, str], name: str) -> str:
@@ -117,6 +133,7 @@ def decode_steps(job_id: str, fields: Mapping[str, str]) -> list[StepRecord]:
     gpu = _int(_field(fields, "gpu"), "gpu")
     attempt = _int(fields.get("attempt", "0"), "attempt")
     node = _field(fields, "node")
+    group = check_group(fields["group"]) if fields.get("group") else ""
     count = _int(_field(fields, "n"), "n")
     if count > MAX_STEPS_PER_ENTRY:
         raise TelemetryError(f"entry claims {count} steps (max {MAX_STEPS_PER_ENTRY})")
@@ -145,6 +162,7 @@ def decode_steps(job_id: str, fields: Mapping[str, str]) -> list[StepRecord]:
                 comm_s=_float(parts[4], "comm_s", optional=True),
                 data_s=_float(parts[5], "data_s", optional=True),
                 attempt=attempt,
+                group=group,
             )
         )
     return records

@@ -25,7 +25,7 @@ import structlog
 
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.telemetry import credentials, keys
-from slurm_plugin.telemetry.records import RawStep, encode_steps, is_valid_raw
+from slurm_plugin.telemetry.records import RawStep, check_group, encode_steps, is_valid_raw
 from slurm_plugin.telemetry.store import TelemetryStore, connect_from
 
 log = structlog.get_logger(__name__)
@@ -129,12 +129,16 @@ class StepReporter:
         buffer_records: int = 100_000,
         backoff_s: tuple[float, float] = (0.5, 15.0),
         enabled: bool = True,
+        group: str = "",
     ) -> None:
         self.job_id = keys.check_job_id(job_id) if enabled else job_id
         self.node = keys.check_node(node) if enabled else node
         self.rank = rank
         self.gpu = gpu
         self.attempt = attempt
+        #: The rank's peer group (ranks that do the same work, e.g. ``stage3``): the detector
+        #: compares ranks within their group. "" when every rank does the same work.
+        self.group = check_group(group) if enabled and group else ""
         self.enabled = enabled and store_factory is not None
         self._store_factory = store_factory
         self._store: TelemetryStore | None = None
@@ -198,6 +202,12 @@ class StepReporter:
             attempt = _env_int(env, "SLURM_RESTART_COUNT", default=0)
             world = _env_int(env, "SLURM_NTASKS", "WORLD_SIZE", default=0)
             node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+            group = env.get("STRAGGLER_GROUP", "")
+            try:
+                check_group(group) if group else None
+            except StragglerError as exc:  # publish without a group rather than not at all
+                log.warning("telemetry.group_ignored", error=str(exc))
+                group = ""
             connect_from(settings)  # validates the URL and TLS settings, sends nothing
             return cls(
                 job_id,
@@ -209,6 +219,7 @@ class StepReporter:
                 store_factory=lambda: TelemetryStore(connect_from(settings, retries=0)),
                 flush_interval_s=settings.telemetry_flush_interval_s,
                 buffer_records=settings.telemetry_buffer_records,
+                group=group,
             )
         except StragglerError as exc:
             return cls.disabled(f"telemetry misconfigured: {exc}")
@@ -361,7 +372,12 @@ class StepReporter:
             )
         entries = [
             encode_steps(
-                self.rank, self.node, self.gpu, self.attempt, batch[i : i + _STEPS_PER_ENTRY]
+                self.rank,
+                self.node,
+                self.gpu,
+                self.attempt,
+                batch[i : i + _STEPS_PER_ENTRY],
+                self.group,
             )
             for i in range(0, len(batch), _STEPS_PER_ENTRY)
         ]

@@ -168,4 +168,39 @@ def attach(
         ...train...
         timer.finish(); reporter.close()
     """
+    if reporter.enabled and not reporter.group:  # Megatron-style stages are peer groups
+        reporter.group = group_from_megatron()
     return DDPTimer(model, reporter, process_group=process_group, start_step=start_step)
+
+
+def group_from_mesh(mesh: Any, data_parallel: tuple[str, ...] = ("dp", "ddp", "fsdp")) -> str:
+    """A peer-group label from a ``DeviceMesh``: this rank's coordinates on every dimension
+    that is not data parallel (``pp=2.tp=0``). Ranks with the same label do the same work;
+    pass it as ``StepReporter(group=...)`` or ``STRAGGLER_GROUP``. A 1-D (pure data-parallel)
+    mesh gives "": every rank is a peer of every other."""
+    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+    coords = mesh.get_coordinate() if hasattr(mesh, "get_coordinate") else None
+    if not names or coords is None:
+        return ""
+    parts = [
+        f"{name}={coord}"
+        for name, coord in zip(names, coords, strict=True)
+        if name.lower() not in data_parallel
+    ]
+    return ".".join(parts)
+
+
+def group_from_megatron() -> str:
+    """A peer-group label from Megatron-style model parallelism when ``megatron.core`` is
+    importable and initialised: the pipeline stage (``pp=3``); "" otherwise. Tensor-parallel
+    ranks of one stage do the same work and stay peers."""
+    try:
+        from megatron.core import parallel_state  # type: ignore[import-not-found]  # noqa: PLC0415
+    except ImportError:
+        return ""
+    try:
+        if parallel_state.get_pipeline_model_parallel_world_size() <= 1:
+            return ""
+        return f"pp={parallel_state.get_pipeline_model_parallel_rank()}"
+    except (AssertionError, RuntimeError, AttributeError):  # not initialised
+        return ""

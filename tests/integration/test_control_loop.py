@@ -71,9 +71,16 @@ class Loop:
     state: ServiceState
 
 
-def publish(loop: Loop, job: JobInfo, steps: range, slow: dict[str, float]) -> None:
+def publish(
+    loop: Loop,
+    job: JobInfo,
+    steps: range,
+    slow: dict[str, float],
+    groups: dict[str, str] | None = None,
+) -> None:
     """Two ranks per node; ranks on a node of ``slow`` compute that many times longer and the
-    others wait for them (the pattern of a real straggler)."""
+    others wait for them (the pattern of a real straggler); ``groups`` labels a node's ranks
+    with a peer group."""
     rng = random.Random(len(steps))  # noqa: S311 - measurement noise, not cryptography
     worst = max([1.0, *slow.values()])
     batches = []
@@ -85,7 +92,8 @@ def publish(loop: Loop, job: JobInfo, steps: range, slow: dict[str, float]) -> N
                 step_s = 0.05 * worst + 0.01
                 ts = loop.clock() - (steps.stop - step) * step_s
                 raws.append((step, ts, step_s, compute, step_s - compute, 0.001))
-            batches.append(encode_steps(2 * index + local, node, local, job.restarts, raws))
+            group = (groups or {}).get(node, "")
+            batches.append(encode_steps(2 * index + local, node, local, job.restarts, raws, group))
     loop.store.publish(job.job_id, batches)
 
 
@@ -692,3 +700,36 @@ def test_slurm_unknown_is_not_no_jobs(make_loop: Callable[..., Loop]) -> None:
     clock.advance(31)
     assert loop.service.cycle().error is None
     assert credentials.username("5") not in _acl_users(loop)
+
+
+@pytest.mark.parametrize("labelled", [False, True], ids=["inferred", "labelled"])
+def test_a_pipeline_stage_is_never_evicted_but_a_straggler_in_it_is(
+    make_loop: Callable[..., Loop], labelled: bool
+) -> None:
+    """Issue 14, through Redis and the service: node3 and node4 run a stage that computes 40 %
+    longer by design from the first step. Under `evict`, 20 cycles decide nothing; when node3
+    then slows down within its stage (2.0x against the stage's 1.4x), it alone is evicted."""
+    clock = FakeClock()
+    nodes = ("node1", "node2", "node3", "node4")
+    slurm = FakeScheduler([running_job(clock, nodes=nodes)], NODES)
+    loop = make_loop(slurm, clock, "a")
+    labels = {"node1": "stage0", "node2": "stage0", "node3": "stage1", "node4": "stage1"}
+    groups = labels if labelled else None
+    stage = {"node3": 1.4, "node4": 1.4}
+    for cycle in range(20):
+        steps = range(cycle * 10, cycle * 10 + 10)
+        publish(loop, slurm.job_table["5"], steps, stage, groups)
+        assert loop.service.cycle().error is None
+        clock.advance(1)
+    assert slurm.changes == []
+    assert [d for d in loop.state.job_decisions("5") if d.get("node") != "none"] == []
+    for cycle in range(20, 60):
+        steps = range(cycle * 10, cycle * 10 + 10)
+        publish(loop, slurm.job_table["5"], steps, {**stage, "node3": 2.0}, groups)
+        loop.service.cycle()
+        clock.advance(1)
+        if slurm.job_table["5"].restarts:
+            break
+    assert slurm.job_table["5"].excluded == ("node3",)
+    evicted = [d for d in loop.state.job_decisions("5") if d.get("action") == "evict"]
+    assert [d["node"] for d in evicted] == ["node3"]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurm_plugin.config import Settings
+from slurm_plugin.demo.report import render
 from slurm_plugin.demo.run import run_scenario, summarize
 from slurm_plugin.devcluster import DevCluster
 
@@ -48,3 +49,12 @@ def test_straggler_is_evicted_and_the_job_resumes_elsewhere(
     evictions = [d for d in run.decisions if d.get("action") == "evict"]
     assert [d["node"] for d in evictions] == ["node3"]
     assert evictions[0]["state"] == "verified"
+    # The report of this real run: the eviction's states from the audit trail, in order, and
+    # the cost of the straggler counted.
+    states = [e["state"] for e in run.audit if e.get("id") == evictions[0]["id"]]
+    assert states.index("held") < states.index("verified"), states
+    assert summary["lost_to_straggler_s"] is not None
+    assert summary["lost_to_straggler_s"] > 0
+    page = render([(run, summary)])
+    assert "the straggler cost" in page
+    assert page.count("<svg") == 2

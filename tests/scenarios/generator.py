@@ -61,6 +61,8 @@ class JobSpec:
     hang_s: float = 900.0
     hang_rank: int = 0
     attempt: int = 0
+    #: Per rank, a peer-group label carried by its records (none when empty).
+    groups: dict[int, str] = field(default_factory=dict)
 
     def node_of(self, rank: int) -> str:
         """The node a rank runs on."""
@@ -72,6 +74,21 @@ class JobSpec:
 def step_change(extra: float, onset: int) -> Slowdown:
     """+extra (fraction) from step ``onset`` on."""
     return lambda steps: np.where(steps >= onset, extra, 0.0)
+
+
+def pipeline(world: int, offsets: list[float]) -> tuple[dict[int, Slowdown], dict[int, str]]:
+    """A pipeline of ``len(offsets)`` equal stages (consecutive ranks, so whole nodes): each
+    stage's compute is longer by its offset from the first step (by design: embedding, loss),
+    and its ranks carry the label ``stage<i>``."""
+    per = world // len(offsets)
+    slow: dict[int, Slowdown] = {}
+    labels: dict[int, str] = {}
+    for rank in range(world):
+        stage = min(rank // per, len(offsets) - 1)
+        labels[rank] = f"stage{stage}"
+        if offsets[stage]:
+            slow[rank] = step_change(offsets[stage], 0)
+    return slow, labels
 
 
 def drift(extra: float, onset: int, length: int) -> Slowdown:
@@ -117,6 +134,7 @@ def generate(spec: JobSpec) -> RecordBatch:
     ranks = np.broadcast_to(np.arange(n), (t, n))
     rows = np.broadcast_to(steps[:, None], (t, n))
     nodes_by_rank = np.array([spec.node_of(r) for r in range(n)], dtype=object)
+    groups_by_rank = np.array([spec.groups.get(r, "") for r in range(n)], dtype=object)
     mask = keep.ravel()
     return RecordBatch(
         rank=ranks.ravel()[mask].astype(np.int64),
@@ -129,6 +147,7 @@ def generate(spec: JobSpec) -> RecordBatch:
         comm_s=comm.ravel()[mask],
         data_s=data.ravel()[mask],
         node=list(nodes_by_rank[ranks.ravel()[mask]]),
+        group=groups_by_rank[ranks.ravel()[mask]] if spec.groups else None,
     )
 
 
@@ -138,12 +157,17 @@ def write_csv(jobs: list[tuple[str, RecordBatch]], path: str) -> int:
     merged = RecordBatch.concat([b for _, b in jobs])
     order = np.argsort(merged.ts, kind="stable")
     nodes = np.asarray(merged.node, dtype=object)
+    groups = None if merged.group is None else np.asarray(merged.group, dtype=object)
     with open(path, "w") as out:  # noqa: PTH123 - plain text writer
-        out.write("job_id,rank,node,gpu,step,ts,step_s,compute_s,comm_s,data_s\n")
+        out.write(
+            "job_id,rank,node,gpu,step,ts,step_s,compute_s,comm_s,data_s"
+            + (",group\n" if groups is not None else "\n")
+        )
         lines = (
             f"{job_col[i]},{merged.rank[i]},{nodes[i]},{merged.gpu[i]},{merged.step[i]},"
             f"{merged.ts[i]:.6f},{merged.step_s[i]:.6g},{merged.compute_s[i]:.6g},"
-            f"{merged.comm_s[i]:.6g},{merged.data_s[i]:.6g}\n"
+            f"{merged.comm_s[i]:.6g},{merged.data_s[i]:.6g}"
+            + (f",{groups[i]}\n" if groups is not None else "\n")
             for i in order.tolist()
         )
         out.writelines(lines)

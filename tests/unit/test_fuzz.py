@@ -264,7 +264,9 @@ def test_trace_with_one_bad_cell_names_row_and_column(
     """A valid trace reads; one corrupted cell reads or raises TraceError naming the column
     (and the row, when it is a cell problem)."""
     header = ",".join(TRACE_COLUMNS)
-    lines = [f"7,{r},node1,0,{s},{ts!r},{d!r},{d / 2!r},{d / 2!r},0" for r, s, ts, d in rows]
+    lines = [
+        f"7,{r},node1,0,{s},{ts!r},{d!r},{d / 2!r},{d / 2!r},0,stage{r % 2}" for r, s, ts, d in rows
+    ]
     assert len(read_trace(io.StringIO("\n".join([header, *lines]) + "\n"))) == len(rows)
     target = min(row, len(lines) - 1)
     cells = lines[target].split(",")

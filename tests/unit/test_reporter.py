@@ -129,3 +129,45 @@ def test_forked_child_gets_an_inert_reporter() -> None:
         assert len(rep._buf) == 1
     finally:
         rep.close(timeout_s=1)
+
+
+@pytest.mark.parametrize(("label", "expected"), [("stage3", "stage3"), ("a b;c", "")])
+def test_the_peer_group_comes_from_straggler_group(
+    label: str, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """STRAGGLER_GROUP labels the rank's records; a malformed label is dropped with a warning
+    and the rank still publishes (without a group)."""
+    for key, value in {
+        "SLURM_JOB_ID": "91",
+        "STRAGGLER_REDIS_URL": "redis://127.0.0.1:1/0",
+        "STRAGGLER_GROUP": label,
+    }.items():
+        monkeypatch.setenv(key, value)
+    with capture_logs() as logs:
+        rep = StepReporter.from_env()
+    try:
+        assert rep.enabled
+        assert rep.group == expected
+        warned = [e for e in logs if e["event"] == "telemetry.group_ignored"]
+        assert bool(warned) == (expected == "")
+    finally:
+        rep.close(timeout_s=0.1)
+
+
+def test_a_device_mesh_gives_its_non_data_parallel_coordinates() -> None:
+    """``group_from_mesh``: pipeline and tensor coordinates label the group; the data-parallel
+    dimension does not; a pure data-parallel mesh gives no group."""
+    pytest.importorskip("torch")
+    from slurm_plugin.telemetry.torch import group_from_mesh  # noqa: PLC0415
+
+    class Mesh:
+        def __init__(self, names: tuple[str, ...], coords: list[int]) -> None:
+            self.mesh_dim_names = names
+            self._coords = coords
+
+        def get_coordinate(self) -> list[int]:
+            return self._coords
+
+    assert group_from_mesh(Mesh(("dp", "pp", "tp"), [5, 2, 0])) == "pp=2.tp=0"
+    assert group_from_mesh(Mesh(("dp",), [5])) == ""
+    assert group_from_mesh(Mesh(("replicate", "shard"), [1, 3]), ("replicate", "shard")) == ""

@@ -60,6 +60,21 @@ def test_round_trip() -> None:
     assert records[0].ts == pytest.approx(1700000000.123456)
     assert (records[0].compute_s, records[0].comm_s, records[0].data_s) == (0.2, 0.04, None)
     assert (records[1].compute_s, records[1].data_s) == (None, 0.01)
+    assert "group" not in fields
+    assert {r.group for r in records} == {""}
+    labelled = decode_steps("42", encode_steps(5, "node2", 3, 1, raws, "pp.stage=3"))
+    assert {r.group for r in labelled} == {"pp.stage=3"}
+
+
+@pytest.mark.parametrize("label", ["a b", "x,y", "", "z" * 65, "stage\n1"])
+def test_a_malformed_group_label_is_refused_on_read(label: str) -> None:
+    """A group field a job wrote by hand that is not a label is a malformed entry."""
+    fields = {"rank": "1", "node": "n", "gpu": "0", "n": "0", "steps": "", "group": label}
+    if not label:
+        assert decode_steps("1", fields) == []
+        return
+    with pytest.raises(TelemetryError, match="group label"):
+        decode_steps("1", fields)
 
 
 @pytest.mark.parametrize(
