@@ -99,24 +99,15 @@ def run_backtest(
         events += detector.check_hangs(now, only=running)
         chunk_jobs = job_codes[begin:end]
         for code in np.unique(chunk_jobs).tolist():
-            idx = begin + np.flatnonzero(chunk_jobs == code)
-            detector.add(
-                names[code],
-                RecordBatch(
-                    rank=trace.rank[idx],
-                    step=trace.step[idx],
-                    attempt=attempts[idx],
-                    gpu=trace.gpu[idx],
-                    ts=trace.ts[idx],
-                    step_s=trace.step_s[idx],
-                    compute_s=trace.compute_s[idx],
-                    comm_s=trace.comm_s[idx],
-                    data_s=trace.data_s[idx],
-                    node=trace.node[idx],
-                    group=trace.group[idx] if trace.group.any() else None,
-                ),
-            )
+            in_job = begin + np.flatnonzero(chunk_jobs == code)
+            # A restart inside the chunk: each attempt is replayed, and closed, in turn.
+            for attempt in np.unique(attempts[in_job]).tolist():
+                idx = in_job[attempts[in_job] == attempt]
+                detector.add(names[code], _batch(trace, idx, attempts))
+                if attempt != attempts[in_job].max():
+                    events += detector.advance_job(names[code], final=True)
         events += detector.advance(final=end == len(trace))
+    events += _hangs_at_the_end(detector, names, last_ts, float(trace.ts[-1]), policy)
     events.sort(key=lambda e: e.ts)
     for event in events:
         result.detections.append(_detection(event, policy))
@@ -132,6 +123,35 @@ def run_backtest(
     result.persistent_nodes = sorted(n for n, h in histories.items() if h.state == "persistent")
     result.late_records = detector.late_records
     return result
+
+
+def _batch(trace: Trace, idx: np.ndarray, attempts: np.ndarray) -> RecordBatch:
+    return RecordBatch(
+        rank=trace.rank[idx],
+        step=trace.step[idx],
+        attempt=attempts[idx],
+        gpu=trace.gpu[idx],
+        ts=trace.ts[idx],
+        step_s=trace.step_s[idx],
+        compute_s=trace.compute_s[idx],
+        comm_s=trace.comm_s[idx],
+        data_s=trace.data_s[idx],
+        node=trace.node[idx],
+        group=trace.group[idx] if trace.group[idx].any() else None,
+    )
+
+
+def _hangs_at_the_end(
+    detector: Detector, names: list[str], last_ts: np.ndarray, end: float, policy: Policy
+) -> list[Event]:
+    """A job whose records stop inside a step (some ranks never reported it) while the trace
+    goes on past the hang timeout hung: reported when the service would have seen it."""
+    timeout = policy.detection.hang_timeout_s
+    events: list[Event] = []
+    for name, last in zip(names, last_ts.tolist(), strict=True):
+        if end - last >= timeout and detector.last_step_incomplete(name):
+            events += detector.check_hangs(last + timeout, only=[name])
+    return events
 
 
 def _chunk_bounds(job_codes: np.ndarray, ts: np.ndarray, hang_timeout_s: float) -> list[int]:

@@ -183,6 +183,19 @@ class Detector:
             events += self._advance_job(state, final)
         return events
 
+    def advance_job(self, job_id: str, *, final: bool = False) -> list[Event]:
+        """:meth:`advance` for one job (a replay closes an attempt before the next)."""
+        state = self._jobs.get(job_id)
+        return self._advance_job(state, final) if state is not None else []
+
+    def last_step_incomplete(self, job_id: str) -> bool:
+        """Some ranks reported a later step than others: the job stopped inside a step."""
+        state = self._jobs.get(job_id)
+        if state is None or not state.rank_last_step:
+            return False
+        steps = [step for step, _ in state.rank_last_step.values()]
+        return min(steps) < max(steps)
+
     def _advance_job(self, state: _JobState, final: bool) -> list[Event]:
         if not state.pending:
             return []

@@ -97,3 +97,36 @@ def test_backtest_with_a_policy_file_and_a_typo(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "detection.min_slowdwn_pct" in result.stderr
     assert str(bad) in result.stderr
+
+
+def test_a_restart_inside_one_chunk_keeps_the_first_attempts_straggler(tmp_path: Path) -> None:
+    """Issue 14: a job evicted and resumed from a checkpoint (same job id, steps going back)
+    whose two attempts fall in one replay chunk: the first attempt's straggler is reported,
+    nothing after the restart (the slow GPU is gone)."""
+    first = generate(JobSpec("41", 64, 300, seed=8, compute_slow={12: step_change(0.06, 100)}))
+    second = generate(JobSpec("41", 64, 200, seed=9, attempt=1, start_ts=1_700_000_400.0))
+    second.step += 200  # resumed from the checkpoint at step 200
+    path = tmp_path / "restart.csv"
+    write_csv([("41", first), ("41", second)], str(path))
+    result = CliRunner().invoke(cli, ["backtest", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    detections = json.loads(result.stdout)["detections"]
+    assert [(d["rank"], d["details"]["attempt"]) for d in detections] == [(12, 0)], detections
+    assert 100 <= detections[0]["step"] < 300
+
+
+def test_a_job_that_stops_inside_a_step_is_a_hang(tmp_path: Path) -> None:
+    """Issue 14: job 51's records end inside step 150 (rank 5 never reports it) while job 52
+    goes on for twenty minutes: the backtest reports the hang, naming rank 5 and its node;
+    job 52, which simply runs, has none."""
+    hung = generate(JobSpec("51", 64, 151, seed=10))
+    hung = hung.take(~((hung.step == 150) & (hung.rank == 5)))
+    other = generate(JobSpec("52", 16, 2000, seed=12))
+    path = tmp_path / "hang.csv"
+    write_csv([("51", hung), ("52", other)], str(path))
+    result = CliRunner().invoke(cli, ["backtest", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    hangs = [d for d in json.loads(result.stdout)["detections"] if d["kind"] == "hang"]
+    assert [(d["job_id"], d["rank"], d["node"], d["step"]) for d in hangs] == [
+        ("51", 5, "n0000", 149)
+    ], hangs
