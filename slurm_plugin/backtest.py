@@ -1,8 +1,14 @@
-"""Replay a trace through the detector and node history, as the service would (pure).
+"""Replay a trace through the detector, the decision engine and node history, as the service
+would (pure).
 
 Several jobs are replayed together in ts order, so node history carries across them; hangs are
-looked for at each chunk boundary, for jobs whose records go on later in the trace (a job whose
-records simply end has finished, as far as a trace can tell).
+looked for at each chunk boundary, for jobs whose records go on later in the trace, and at the
+end for a job whose records stop inside a step. Each straggler's ``action`` is what
+:func:`decide` answers on the trace's own clock, with the policy's limits (max requeues,
+cooldown, goodput) and the evictions the replay itself decided; what a trace cannot know is
+assumed: the job runs, is requeueable, has no time limit (``assume_remaining_s``), reports no
+checkpoints, the cluster has spare nodes and nothing is paused. The service's re-check of a
+flagged node before acting is not replayed.
 """
 
 from __future__ import annotations
@@ -14,9 +20,11 @@ from typing import Any
 import numpy as np
 
 from slurm_plugin.detection import Detector, Event, RecordBatch, StragglerEvent
+from slurm_plugin.policy.decide import ClusterContext, JobContext, decide
 from slurm_plugin.policy.history import Incident, NodeHistory, record_incident
-from slurm_plugin.policy.rails import PersistencePolicy
+from slurm_plugin.policy.rails import PersistencePolicy, SafetyPolicy
 from slurm_plugin.policy.schema import Policy
+from slurm_plugin.slurm.model import JobInfo, NodeInfo
 from slurm_plugin.trace import Trace
 
 CHUNK = 131_072
@@ -36,15 +44,66 @@ class BacktestResult:
         return {"detections": self.detections, "persistent_nodes": self.persistent_nodes}
 
 
-def _action(event: Event, policy: Policy) -> str:
-    if policy.actions.mode == "off":
-        return "none"
-    if isinstance(event, StragglerEvent) and event.cause == "compute":
-        return "evict" if policy.actions.mode == "evict" else "annotate"
-    return "report"
+@dataclass
+class _Replay:
+    """What the decision engine needs that a trace does not say, and what the replay did."""
+
+    policy: Policy
+    jobs: dict[str, JobInfo]
+    cluster: tuple[NodeInfo, ...]
+    safety: SafetyPolicy
+    evictions: dict[str, list[float]] = field(default_factory=dict)
+
+    def decide(self, event: StragglerEvent) -> dict[str, Any]:
+        """The service's verdict on ``event`` at the event's time."""
+        job = self.jobs[event.job_id]
+        done = self.evictions.setdefault(event.job_id, [])
+        ctx = JobContext(evictions=len(done), last_eviction_ts=done[-1] if done else None)
+        recent = sum(1 for ts in itertools.chain(*self.evictions.values()) if event.ts - ts < 3600)
+        cluster = ClusterContext(nodes=self.cluster, evictions_last_hour=recent, safety=self.safety)
+        decision = decide(event, job, self.policy, ctx, cluster, event.ts)
+        if decision.action == "evict":
+            done.append(event.ts)
+        return {
+            "action": decision.action,
+            "reasons": decision.reasons,
+            "saved_s": decision.saved_s,
+            "cost_s": decision.cost_s,
+        }
 
 
-def _detection(event: Event, policy: Policy) -> dict[str, Any]:
+def _replay(trace: Trace, names: list[str], job_codes: np.ndarray, policy: Policy) -> _Replay:
+    """Jobs as running, requeueable, started at their first record, on the nodes they used;
+    the cluster as the trace's nodes plus the spare nodes the rails ask for."""
+    safety = SafetyPolicy()
+    jobs = {}
+    for code, name in enumerate(names):
+        mine = job_codes == code
+        nodes = tuple(sorted({str(n) for n in trace.node[mine]}))
+        jobs[name] = JobInfo(
+            job_id=name,
+            name="",
+            state="RUNNING",
+            reason="",
+            nodes=nodes,
+            excluded=(),
+            restarts=0,
+            requeue=True,
+            comment="",
+            admin_comment="",
+            partition="trace",
+            node_count=len(nodes),
+            user="",
+            start_time=float(trace.ts[mine].min()),
+        )
+    spares = [f"spare-{i}" for i in range(safety.min_spare_nodes + 1)]
+    cluster = tuple(
+        NodeInfo(n, "idle", (), "", ("trace",)) for n in sorted({*map(str, trace.node), *spares})
+    )
+    return _Replay(policy, jobs, cluster, safety)
+
+
+def _detection(event: Event, policy: Policy, replay: _Replay) -> dict[str, Any]:
     data = event.to_dict()
     if isinstance(event, StragglerEvent):
         rank = event.ranks[0] if event.ranks else None
@@ -71,7 +130,10 @@ def _detection(event: Event, policy: Policy) -> dict[str, Any]:
             "cause": event.kind,
             "score": None,
         }
-    row["action"] = _action(event, policy)
+    if isinstance(event, StragglerEvent):
+        row.update(replay.decide(event))
+    else:
+        row["action"] = "none" if policy.actions.mode == "off" else "report"
     row["kind"] = event.kind
     row["details"] = {k: v for k, v in data.items() if k not in row}
     return row
@@ -109,8 +171,9 @@ def run_backtest(
         events += detector.advance(final=end == len(trace))
     events += _hangs_at_the_end(detector, names, last_ts, float(trace.ts[-1]), policy)
     events.sort(key=lambda e: e.ts)
+    replay = _replay(trace, names, job_codes, policy)
     for event in events:
-        result.detections.append(_detection(event, policy))
+        result.detections.append(_detection(event, policy, replay))
         if isinstance(event, StragglerEvent):
             node = event.node
             transition = record_incident(

@@ -16,6 +16,7 @@ from slurm_plugin.errors import TraceError
 from slurm_plugin.trace import read_trace
 from tests.scenarios.generator import JobSpec, generate, step_change, write_csv
 
+REPO = Path(__file__).resolve().parents[2]
 HEADER = "job_id,rank,node,gpu,step,ts,step_s,compute_s,comm_s,data_s\n"
 
 
@@ -62,7 +63,7 @@ def test_attempts_are_inferred_from_steps_going_back() -> None:
 def test_backtest_json(tmp_path: Path) -> None:
     """The CLI prints the documented JSON with the straggler of the trace."""
     jobs = [
-        ("31", generate(JobSpec("31", 64, 300, seed=2, compute_slow={12: step_change(0.05, 100)})))
+        ("31", generate(JobSpec("31", 64, 300, seed=2, compute_slow={12: step_change(0.25, 100)})))
     ]
     path = tmp_path / "t.csv"
     write_csv(jobs, str(path))
@@ -130,3 +131,27 @@ def test_a_job_that_stops_inside_a_step_is_a_hang(tmp_path: Path) -> None:
     assert [(d["job_id"], d["rank"], d["node"], d["step"]) for d in hangs] == [
         ("51", 5, "n0000", 149)
     ], hangs
+
+
+def test_the_actions_are_the_services_decisions(tmp_path: Path) -> None:
+    """Issue 14: the backtest's action comes from decide() on the trace's clock: a +5 % GPU
+    does not pay for a requeue (goodput, no checkpoint reported), a +30 % one is evicted; a
+    policy that only observes records."""
+    small = generate(JobSpec("61", 64, 300, seed=2, compute_slow={12: step_change(0.05, 100)}))
+    large = generate(
+        JobSpec("62", 64, 300, seed=3, compute_slow={40: step_change(0.30, 50)}, start_ts=1.7e9)
+    )
+    path = tmp_path / "t.csv"
+    write_csv([("61", small), ("62", large)], str(path))
+    result = CliRunner().invoke(cli, ["backtest", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {d["job_id"]: d for d in json.loads(result.stdout)["detections"]}
+    assert rows["61"]["action"] == "annotate"
+    assert rows["61"]["reasons"][0].startswith("goodput: evicting saves")
+    assert rows["61"]["saved_s"] < rows["61"]["cost_s"]
+    assert rows["62"]["action"] == "evict"
+    assert rows["62"]["saved_s"] > rows["62"]["cost_s"]
+    observe = CliRunner().invoke(
+        cli, ["backtest", str(path), "--json", "--policy", str(REPO / "policies/observe.toml")]
+    )
+    assert {d["action"] for d in json.loads(observe.stdout)["detections"]} == {"none"}
