@@ -117,10 +117,19 @@ def demo(
     for _, summary in runs:
         for key, value in summary.items():
             if key != "decisions":
-                click.echo(f"  {key:24} {value}")
+                click.echo(f"  {key:24} {_shown(value)}")
         click.echo("")
     click.echo(headline([s for _, s in runs]))
     click.echo(f"report: {report}")
+
+
+def _shown(value: object) -> str:
+    """A summary value for the terminal: "-" for missing or NaN, lists joined."""
+    if value is None or (isinstance(value, float) and value != value):  # noqa: PLR0124 - NaN
+        return "-"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
+    return str(value)
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:

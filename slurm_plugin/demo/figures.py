@@ -177,7 +177,8 @@ def timeline_svg(run: DemoRun) -> str:
     labels = []
     for decision_id in rows:
         d = decisions.get(decision_id, {})
-        labels.append(f"{decision_id} · {d.get('node', '?')} · {d.get('decision', '?')}")
+        where = d.get("node") or (d.get("kind") or "job-wide").replace("_", " ")
+        labels.append(f"{decision_id} · {where} · {d.get('action') or d.get('decision') or '?'}")
     ax.set_yticklabels(labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, end * 1.02)

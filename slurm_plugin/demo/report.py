@@ -144,10 +144,11 @@ def render(runs: list[tuple[DemoRun, dict[str, Any]]]) -> str:
                 "decisions": [
                     {
                         "id": d.get("id", NONE),
-                        "node": d.get("node") or NONE,
-                        "verdict": d.get("decision") or d.get("action") or NONE,
+                        "node": d.get("node") or "job-wide",
+                        "verdict": d.get("action") or d.get("decision") or NONE,
                         "state": d.get("state") or NONE,
-                        "reasons": _reasons(d.get("reasons")),
+                        "reasons": _reasons(d.get("reasons"))
+                        or [f"{(d.get('kind') or 'event').replace('_', ' ')} reported"],
                     }
                     for d in run.decisions
                 ],

@@ -262,7 +262,7 @@ def summarize(run: DemoRun) -> dict[str, Any]:
         "state": run.job.get("JobState"),
         "restarts": int(run.job.get("Restarts", "0") or 0),
         "final_nodes": nodes,
-        "excluded": run.job.get("ExcNodeList"),
+        "excluded": run.job.get("ExcNodeList") if run.job.get("ExcNodeList") != "(null)" else None,
         "total_s": round(run.total_s, 1),
         "onset_step": run.onset_step,
         "detection_step": int(detection["step"]) if detection else None,
@@ -288,7 +288,7 @@ def summarize(run: DemoRun) -> dict[str, Any]:
         "lost_to_straggler_s": round(lost, 1) if lost is not None else None,
         "rank_hours_lost": round(lost * ranks / 3600, 4) if lost is not None else None,
         "decisions": [
-            {k: d.get(k) for k in ("id", "node", "decision", "action", "state", "reasons")}
+            {k: d.get(k) for k in ("id", "kind", "node", "decision", "action", "state", "reasons")}
             for d in run.decisions
         ],
     }
