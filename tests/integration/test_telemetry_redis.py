@@ -153,9 +153,10 @@ def test_redis_outage_never_slows_training(private_redis: RedisServer) -> None:
 
 
 def test_export_writes_the_trace_csv(redis_url: str, tmp_path: Path) -> None:
-    """`straggler export JOB -o FILE` writes the documented header and one row per record."""
+    """`straggler export JOB -o FILE` writes the documented header and one row per record,
+    with the rank's peer group (published by the reporter) in the last column."""
     store = TelemetryStore(connect(redis_url))
-    with StepReporter("81", 1, "node2", 3, store_factory=lambda: store) as rep:
+    with StepReporter("81", 1, "node2", 3, store_factory=lambda: store, group="pp=1") as rep:
         rep.record(0, 0.25, 0.2, 0.04)
         rep.record(1, 0.25, 0.21, 0.03, 0.01)
     out = tmp_path / "trace.csv"
@@ -164,8 +165,8 @@ def test_export_writes_the_trace_csv(redis_url: str, tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     lines = out.read_text().splitlines()
-    assert lines[0] == "job_id,rank,node,gpu,step,ts,step_s,compute_s,comm_s,data_s"
+    assert lines[0] == "job_id,rank,node,gpu,step,ts,step_s,compute_s,comm_s,data_s,group"
     assert len(lines) == 3
     assert lines[1].startswith("81,1,node2,3,0,")
-    assert lines[1].endswith(",0.25,0.2,0.04,")
-    assert lines[2].endswith(",0.25,0.21,0.03,0.01")
+    assert lines[1].endswith(",0.25,0.2,0.04,,pp=1")
+    assert lines[2].endswith(",0.25,0.21,0.03,0.01,pp=1")
