@@ -25,7 +25,7 @@ from slurm_plugin.detection import DetectionParams, Detector, StragglerEvent
 from slurm_plugin.detection.params import cusum_delay, cusum_threshold, optimal_delay
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.trace import read_trace
-from tests.scenarios.generator import JobSpec, drift, generate, step_change, write_csv
+from tests.scenarios.generator import JobSpec, drift, generate, pipeline, step_change, write_csv
 
 NOISE = 0.01  # per-rank compute noise: 1 % of the step's compute (sigma)
 
@@ -170,6 +170,73 @@ def scenarios() -> list[list[object]]:
             "slow data shard on one rank (+20 % of compute)",
             "rank 99, input (no eviction)",
             f"{[(e.ranks, e.cause) for e in ev]}",
+            "pass" if ok else "FAIL",
+        ]
+    )
+    out += structure_scenarios(params)
+    return out
+
+
+def structure_scenarios(params: DetectionParams) -> list[list[object]]:
+    """Structure, not stragglers (issue 14): pipeline stages with and without labels, a second
+    GPU model on two nodes; a real straggler inside the structure; a slow worker from step 0
+    of a long-step job."""
+    out: list[list[object]] = []
+    for labelled in (False, True):
+        slow, labels = pipeline(96, [0.0, 0.08, 0.25])
+        slow[20] = step_change(0.07, 150)
+        spec = JobSpec(
+            "p", 96, 500, noise=NOISE, seed=15, compute_slow=slow, groups=labels if labelled else {}
+        )
+        ev = _detect(spec, params)
+        ok = [e.ranks for e in ev] == [[20]]
+        out.append(
+            [
+                (
+                    f"3-stage pipeline +8 %/+25 % by design, one GPU +7 % at step 150 "
+                    f"({'group labels' if labelled else 'no labels'})"
+                ),
+                "rank 20 only",
+                f"{[(e.ranks, e.node, e.step) for e in ev]}",
+                "pass" if ok else "FAIL",
+            ]
+        )
+    spec = JobSpec(
+        "k",
+        64,
+        600,
+        noise=NOISE,
+        seed=16,
+        compute_slow={r: step_change(0.15, 0) for r in range(16, 32)},
+    )
+    ev = _detect(spec, params)
+    out.append(
+        [
+            "another GPU model on 2 of 8 nodes (+15 % from step 0)",
+            "nothing",
+            f"{len(ev)} alarms",
+            "pass" if not ev else "FAIL",
+        ]
+    )
+    spec = JobSpec(
+        "w",
+        32,
+        50,
+        noise=NOISE,
+        seed=17,
+        compute_s=30.0,
+        data_s=0.5,
+        transfer_s=1.0,
+        checkpoint_every=0,
+        compute_slow={5: step_change(0.8, 0)},
+    )
+    ev = _detect(spec, params)
+    ok = [e.ranks for e in ev] == [[5]] and ev[0].step < 5
+    out.append(
+        [
+            "one worker 1.8x from step 0, ~30 s steps",
+            "rank 5 within 5 steps",
+            f"{[(e.ranks, e.step) for e in ev]}",
             "pass" if ok else "FAIL",
         ]
     )
