@@ -46,22 +46,58 @@ class BacktestResult:
 
 @dataclass
 class _Replay:
-    """What the decision engine needs that a trace does not say, and what the replay did."""
+    """What the decision engine needs that a trace does not say, and what the replay did.
+    Jobs as running, requeueable, started at their first record, on the nodes they used; the
+    cluster as the trace's nodes plus the spare nodes the rails ask for. Built on the first
+    straggler of a job (a trace without one costs nothing here)."""
 
     policy: Policy
-    jobs: dict[str, JobInfo]
-    cluster: tuple[NodeInfo, ...]
-    safety: SafetyPolicy
+    trace: Trace
+    names: list[str]
+    job_codes: np.ndarray
+    safety: SafetyPolicy = field(default_factory=SafetyPolicy)
+    jobs: dict[str, JobInfo] = field(default_factory=dict)
+    cluster: tuple[NodeInfo, ...] = ()
     evictions: dict[str, list[float]] = field(default_factory=dict)
+
+    def _job(self, name: str) -> JobInfo:
+        if name not in self.jobs:
+            mine = self.job_codes == self.names.index(name)
+            nodes = tuple(sorted(set(self.trace.node[mine].tolist())))
+            self.jobs[name] = JobInfo(
+                job_id=name,
+                name="",
+                state="RUNNING",
+                reason="",
+                nodes=nodes,
+                excluded=(),
+                restarts=0,
+                requeue=True,
+                comment="",
+                admin_comment="",
+                partition="trace",
+                node_count=len(nodes),
+                user="",
+                start_time=float(self.trace.ts[mine].min()),
+            )
+        return self.jobs[name]
+
+    def _cluster(self) -> tuple[NodeInfo, ...]:
+        if not self.cluster:
+            spares = [f"spare-{i}" for i in range(self.safety.min_spare_nodes + 1)]
+            names = sorted({*map(str, set(self.trace.node.tolist())), *spares})
+            self.cluster = tuple(NodeInfo(n, "idle", (), "", ("trace",)) for n in names)
+        return self.cluster
 
     def decide(self, event: StragglerEvent) -> dict[str, Any]:
         """The service's verdict on ``event`` at the event's time."""
-        job = self.jobs[event.job_id]
         done = self.evictions.setdefault(event.job_id, [])
         ctx = JobContext(evictions=len(done), last_eviction_ts=done[-1] if done else None)
         recent = sum(1 for ts in itertools.chain(*self.evictions.values()) if event.ts - ts < 3600)
-        cluster = ClusterContext(nodes=self.cluster, evictions_last_hour=recent, safety=self.safety)
-        decision = decide(event, job, self.policy, ctx, cluster, event.ts)
+        cluster = ClusterContext(
+            nodes=self._cluster(), evictions_last_hour=recent, safety=self.safety
+        )
+        decision = decide(event, self._job(event.job_id), self.policy, ctx, cluster, event.ts)
         if decision.action == "evict":
             done.append(event.ts)
         return {
@@ -70,37 +106,6 @@ class _Replay:
             "saved_s": decision.saved_s,
             "cost_s": decision.cost_s,
         }
-
-
-def _replay(trace: Trace, names: list[str], job_codes: np.ndarray, policy: Policy) -> _Replay:
-    """Jobs as running, requeueable, started at their first record, on the nodes they used;
-    the cluster as the trace's nodes plus the spare nodes the rails ask for."""
-    safety = SafetyPolicy()
-    jobs = {}
-    for code, name in enumerate(names):
-        mine = job_codes == code
-        nodes = tuple(sorted({str(n) for n in trace.node[mine]}))
-        jobs[name] = JobInfo(
-            job_id=name,
-            name="",
-            state="RUNNING",
-            reason="",
-            nodes=nodes,
-            excluded=(),
-            restarts=0,
-            requeue=True,
-            comment="",
-            admin_comment="",
-            partition="trace",
-            node_count=len(nodes),
-            user="",
-            start_time=float(trace.ts[mine].min()),
-        )
-    spares = [f"spare-{i}" for i in range(safety.min_spare_nodes + 1)]
-    cluster = tuple(
-        NodeInfo(n, "idle", (), "", ("trace",)) for n in sorted({*map(str, trace.node), *spares})
-    )
-    return _Replay(policy, jobs, cluster, safety)
 
 
 def _detection(event: Event, policy: Policy, replay: _Replay) -> dict[str, Any]:
@@ -155,6 +160,7 @@ def run_backtest(
     np.maximum.at(last_ts, job_codes, trace.ts)
     events: list[Event] = []
     bounds = _chunk_bounds(job_codes, trace.ts, policy.detection.hang_timeout_s)
+    labelled = bool((trace.group != "").any())
     for begin, end in itertools.pairwise(bounds):
         now = float(trace.ts[begin])
         running = [names[j] for j in np.flatnonzero(last_ts > now).tolist()]
@@ -165,13 +171,13 @@ def run_backtest(
             # A restart inside the chunk: each attempt is replayed, and closed, in turn.
             for attempt in np.unique(attempts[in_job]).tolist():
                 idx = in_job[attempts[in_job] == attempt]
-                detector.add(names[code], _batch(trace, idx, attempts))
+                detector.add(names[code], _batch(trace, idx, attempts, labelled))
                 if attempt != attempts[in_job].max():
                     events += detector.advance_job(names[code], final=True)
         events += detector.advance(final=end == len(trace))
     events += _hangs_at_the_end(detector, names, last_ts, float(trace.ts[-1]), policy)
     events.sort(key=lambda e: e.ts)
-    replay = _replay(trace, names, job_codes, policy)
+    replay = _Replay(policy, trace, names, job_codes)
     for event in events:
         result.detections.append(_detection(event, policy, replay))
         if isinstance(event, StragglerEvent):
@@ -188,7 +194,7 @@ def run_backtest(
     return result
 
 
-def _batch(trace: Trace, idx: np.ndarray, attempts: np.ndarray) -> RecordBatch:
+def _batch(trace: Trace, idx: np.ndarray, attempts: np.ndarray, labelled: bool) -> RecordBatch:
     return RecordBatch(
         rank=trace.rank[idx],
         step=trace.step[idx],
@@ -200,7 +206,7 @@ def _batch(trace: Trace, idx: np.ndarray, attempts: np.ndarray) -> RecordBatch:
         comm_s=trace.comm_s[idx],
         data_s=trace.data_s[idx],
         node=trace.node[idx],
-        group=trace.group[idx] if trace.group[idx].any() else None,
+        group=trace.group[idx] if labelled else None,
     )
 
 
