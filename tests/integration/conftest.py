@@ -205,6 +205,23 @@ class RedisServer:
         wait_for(lambda: not self.ping(), 10, f"redis-server on port {self.port} to stop")
 
 
+def stop_slurmctld(cluster: DevCluster) -> int:
+    """Stop the cluster's slurmctld as an admin's restart does (SIGTERM, state saved) and wait
+    until it is gone; returns its pid. ``cluster.up()`` brings it back."""
+    pid = int((cluster.base / "run" / "slurmctld.pid").read_text().split()[0])
+    os.kill(pid, signal.SIGTERM)
+
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_for(gone, 30, "slurmctld to stop")
+    return pid
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1, below 55535, free together with port + 10000 (the Redis
     Cluster bus port)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import click
@@ -14,7 +13,7 @@ import pytest
 
 from slurm_plugin.cli.main import cli
 from slurm_plugin.devcluster import DevCluster
-from tests.integration.conftest import REPO, free_port
+from tests.integration.conftest import REPO, free_port, stop_slurmctld
 
 # Every leaf command of the click tree that reads or writes Redis, with arguments.
 REDIS_COMMANDS = {
@@ -104,16 +103,7 @@ def test_redis_unreachable(cluster: DevCluster, command: str) -> None:
 def no_slurmctld(cluster: DevCluster) -> Iterator[None]:
     """slurmctld stopped (SIGTERM, as an admin's restart does) for the module's tests; the
     cluster comes back afterwards."""
-    pidfile = cluster.base / "run" / "slurmctld.pid"
-    pid = int(pidfile.read_text().split()[0])
-    os.kill(pid, 15)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
+    stop_slurmctld(cluster)
     yield
     cluster.up()
 

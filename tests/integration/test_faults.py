@@ -9,7 +9,6 @@ decision in the audit has reached a final state.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -33,6 +32,7 @@ from tests.integration.conftest import (
     RedisServer,
     Slurm,
     free_port,
+    stop_slurmctld,
     wait_cycles,
     wait_for,
 )
@@ -443,11 +443,8 @@ def test_slurmctld_stopped_for_30_seconds_forgets_and_revokes_nothing(
     user = credentials.username(job)
     wait_for(lambda: "steps_cursor" in state.job(job), 60, "the service to read the job")
     before = dict(state.job(job))
-    pidfile = cluster.base / "run" / "slurmctld.pid"
-    pid = int(pidfile.read_text().split()[0])
     signal_sent = time.monotonic()
-    os.kill(pid, signal.SIGTERM)
-    wait_for(lambda: not _alive(pid), 30, "slurmctld to stop")
+    stop_slurmctld(cluster)
     cli = subprocess.run(
         [sys.executable, "-m", "slurm_plugin.cli.main", "jobs"],
         env={**services.env, "STRAGGLER_COMMAND_TIMEOUT_S": "10"},
@@ -481,14 +478,6 @@ def test_slurmctld_stopped_for_30_seconds_forgets_and_revokes_nothing(
     log = (tmp_path / "service-0.log").read_text(errors="replace")
     assert "credentials_revoked" not in log
     assert service.poll() is None, "the service died with slurmctld"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _acl_users(state: ServiceState) -> set[str]:

@@ -15,9 +15,9 @@ from slurm_plugin.telemetry import keys
 from tests.integration.conftest import REPO, wait_for
 
 
-def _serve(env: dict[str, str], **overrides: str) -> subprocess.CompletedProcess[str]:
+def _serve(env: dict[str, str], *args: str, **overrides: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "slurm_plugin.cli.main", "serve"],
+        [sys.executable, "-m", "slurm_plugin.cli.main", "serve", *args],
         env={**env, **overrides},
         cwd=REPO,
         capture_output=True,
@@ -66,15 +66,7 @@ def test_serve_stamps_an_empty_redis_and_refuses_another_layout(
     release wrote it, or an old one never migrated) stops `serve` before the lock, and the
     marker is left as found."""
     state.r.delete(keys.SCHEMA, keys.LEADER)
-    once = subprocess.run(
-        [sys.executable, "-m", "slurm_plugin.cli.main", "serve", "--once"],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    once = _serve(env, "--once")
     assert once.returncode == 0, once.stderr[-2000:]
     assert state.r.get(keys.SCHEMA) == str(keys.SCHEMA_VERSION)
     state.r.delete(keys.LEADER)
