@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import re
 import shutil
 import sys
@@ -145,8 +146,16 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
     ignored = {
         k.removeprefix("ignored_"): int(v) for k, v in known.items() if k.startswith("ignored_")
     }
+    structure = _structure(known.get("structure"))
     if as_json:
-        emit_json({"ranks": rows, "decisions": decisions, "ignored_records": ignored})
+        emit_json(
+            {
+                "ranks": rows,
+                "decisions": decisions,
+                "ignored_records": ignored,
+                "structure": structure,
+            }
+        )
         return
     emit_table(
         rows,
@@ -169,6 +178,21 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
     if ignored:
         counts = ", ".join(f"{n} {reason}" for reason, n in sorted(ignored.items()))
         click.echo(f"\nrecords not believed (evidence rules): {counts}")
+    for group in structure:
+        nodes = ",".join(printable(str(n)) for n in group.get("nodes", []))
+        click.echo(
+            f"structure, compared with itself: {group.get('ranks')} ranks on {nodes} compute "
+            f"{group.get('offset_pct')} % against the job's median rank"
+        )
+
+
+def _structure(raw: str | None) -> list[dict[str, Any]]:
+    """The job's learned structure from its state (written by the service only)."""
+    try:
+        value = json.loads(raw) if raw else []
+    except json.JSONDecodeError:
+        return []
+    return [g for g in value if isinstance(g, dict)] if isinstance(value, list) else []
 
 
 @click.command("pause")

@@ -170,6 +170,11 @@ class Detector:
         """Drop a finished job's state."""
         self._jobs.pop(job_id, None)
 
+    def structure(self, job_id: str) -> list[dict[str, object]]:
+        """What the job's current attempt took for structure at the end of its warm-up."""
+        state = self._jobs.get(job_id)
+        return list(state.detector.structure) if state and state.detector else []
+
     @property
     def jobs(self) -> list[str]:
         """Jobs with state."""

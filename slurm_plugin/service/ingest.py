@@ -4,7 +4,9 @@ sweep of per-job credentials whose job is gone."""
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +44,26 @@ class Ingest:
         self.metrics = metrics
         self.evidence = EvidenceFilter()
         self._last_sweep = 0.0
+        self._structure_noted: dict[str, int] = {}  # job id -> attempt whose structure is noted
+
+    def forget_all_but(self, running: Iterable[str]) -> None:
+        """Drop what is kept in memory for jobs no longer running."""
+        keep = set(running)
+        self.evidence.forget_all_but(keep)
+        self._structure_noted = {j: a for j, a in self._structure_noted.items() if j in keep}
+
+    def note_structure(self, job: JobInfo, detectors: Iterable[Detector]) -> None:
+        """Once per attempt: what the job's detector took for structure (ranks that compute
+        longer by design and are compared with themselves) goes into the job's state, for
+        `straggler job show`, and the log."""
+        if self._structure_noted.get(job.job_id) == job.restarts:
+            return
+        found = next((f for d in detectors if (f := d.structure(job.job_id))), [])
+        if not found:
+            return
+        self._structure_noted[job.job_id] = job.restarts
+        self.state.update_job(job.job_id, structure=json.dumps(found))
+        log.info("service.structure", job_id=job.job_id, attempt=job.restarts, groups=found)
 
     def steps(self, job: JobInfo, detector: Detector) -> tuple[Kept, int]:
         """Feed the job's new, believed records to ``detector``; returns what was kept and how

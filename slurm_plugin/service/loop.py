@@ -193,7 +193,7 @@ class Service:
         for job_id in list(self._job_policy):
             if job_id not in running:
                 self._detectors[self._job_policy.pop(job_id)].forget(job_id)
-        self._ingest.evidence.forget_all_but(running)
+        self._ingest.forget_all_but(running)
         for job in running.values():
             policy = self.policy_for(job)
             if policy.actions.mode == "off":
@@ -215,6 +215,7 @@ class Service:
                 report.events.append(event.to_dict())
                 report.decisions.append(self._handle(event, target, nodes, now))
         for job in running.values():
+            self._ingest.note_structure(job, self._detectors.values())
             self._resume_waiting(job, nodes, now, report)
         self._node_rails.explain_prolog_drains(nodes)
         self._node_rails.age(now, self.rails)

@@ -3,6 +3,7 @@ a private redis-server, with slurm_plugin.testing's FakeScheduler and FakeClock.
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import threading
@@ -14,7 +15,9 @@ from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
 
+from slurm_plugin.cli.main import cli
 from slurm_plugin.config import Settings
 from slurm_plugin.errors import SlurmError
 from slurm_plugin.health.checks import verdict
@@ -704,7 +707,7 @@ def test_slurm_unknown_is_not_no_jobs(make_loop: Callable[..., Loop]) -> None:
 
 @pytest.mark.parametrize("labelled", [False, True], ids=["inferred", "labelled"])
 def test_a_pipeline_stage_is_never_evicted_but_a_straggler_in_it_is(
-    make_loop: Callable[..., Loop], labelled: bool
+    make_loop: Callable[..., Loop], private_redis: RedisServer, labelled: bool
 ) -> None:
     """Issue 14, through Redis and the service: node3 and node4 run a stage that computes 40 %
     longer by design from the first step. Under `evict`, 20 cycles decide nothing; when node3
@@ -723,6 +726,13 @@ def test_a_pipeline_stage_is_never_evicted_but_a_straggler_in_it_is(
         clock.advance(1)
     assert slurm.changes == []
     assert [d for d in loop.state.job_decisions("5") if d.get("node") != "none"] == []
+    # The service noted the structure once, for `straggler job show`.
+    shown = CliRunner().invoke(
+        cli, ["job", "show", "5", "--json"], env={"STRAGGLER_REDIS_URL": private_redis.url}
+    )
+    assert shown.exit_code == 0, shown.output
+    learned = json.loads(shown.stdout)["structure"]
+    assert {tuple(g["nodes"]) for g in learned} >= {("node3", "node4")}, learned
     for cycle in range(20, 60):
         steps = range(cycle * 10, cycle * 10 + 10)
         publish(loop, slurm.job_table["5"], steps, {**stage, "node3": 2.0}, groups)
