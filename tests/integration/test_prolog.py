@@ -41,7 +41,12 @@ def test_faulty_gpu_drains_node3_and_the_job_runs_elsewhere(
     elapsed = time.monotonic() - started
     assert slurm.node_state("node3") == "drained"
     assert slurm.node("node3")["Reason"].startswith("Prolog error")
-    assert sorted(out.read_text().split()) == ["node1", "node2", "node4"]
+    # The hosts the job ran on. srun may add its own complaint on a loaded machine ("srun:
+    # error: Timed out waiting for job step to complete", seen twice in CI on 2 shared cores,
+    # after the step had run): Slurm's message about the step's end, not a host.
+    lines = out.read_text().splitlines()
+    hosts = sorted(line.strip() for line in lines if line.strip() and not line.startswith("srun:"))
+    assert hosts == ["node1", "node2", "node4"], lines
     assert int(record["Restarts"]) >= 1
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     assert (
