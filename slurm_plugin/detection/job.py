@@ -108,8 +108,10 @@ class JobDetector:
         self._node_starts = np.flatnonzero(np.r_[True, nodes_sorted[1:] != nodes_sorted[:-1]])
         self._node_of_group = nodes_sorted[self._node_starts] if n else nodes_sorted
         # Structure: per rank, the log of its by-design compute offset, learned at the end of
-        # the warm-up; compute is divided by exp(offset) before anything else.
+        # the warm-up; compute is divided by ``_scale`` (exp(offset), None while there is no
+        # structure) before anything else.
         self._offset = np.zeros(n)
+        self._scale: np.ndarray | None = None
         self._warm_log = np.zeros(n)
         self._warm_log2 = np.zeros(n)
         self._warm_n = np.zeros(n)
@@ -155,6 +157,7 @@ class JobDetector:
         self._warm_n[:k] = older._warm_n[:k]
         self.learned = older.learned
         self.structure = older.structure
+        self._scale = np.exp(self._offset) if self.structure else None
 
     # -- warm-up and structure -----------------------------------------------------------------
     def _warmup_target(self, b: Block) -> int:
@@ -212,12 +215,13 @@ class JobDetector:
                     "nodes": sorted({self.node_names[i] for i in self.rank_node[members]}),
                 }
             )
+        self._scale = np.exp(self._offset) if self.structure else None
         self._spread = math.nan  # the spread seen so far included the structure
 
     def _process(self, b: Block) -> list[Event]:
         p = self.params
         rows = len(b.steps)
-        c = b.compute / np.exp(self._offset)[None, :] if self.learned else b.compute
+        c = b.compute / self._scale[None, :] if self._scale is not None else b.compute
         med_c = row_median(c)
         valid_rows = (np.sum(np.isfinite(c), axis=1) >= p.min_world_size) & (med_c > 0)
         # Relative deviations: slowdowns are relative, and a step where every rank slows
