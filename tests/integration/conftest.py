@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -220,6 +221,12 @@ def stop_slurmctld(cluster: DevCluster) -> int:
 
     wait_for(gone, 30, "slurmctld to stop")
     return pid
+
+
+def acl_users(client: Any) -> set[str]:
+    """The Redis server's ACL user names (per-job credentials are ACL users)."""
+    names = client.execute_command("ACL", "USERS")
+    return {n.decode() if isinstance(n, bytes) else str(n) for n in names}
 
 
 def free_port() -> int:

@@ -30,7 +30,7 @@ from slurm_plugin.telemetry import credentials
 from slurm_plugin.telemetry.records import encode_steps
 from slurm_plugin.telemetry.store import TelemetryStore
 from slurm_plugin.testing import FakeClock, FakeScheduler
-from tests.integration.conftest import REPO, RedisServer, wait_for
+from tests.integration.conftest import REPO, RedisServer, acl_users, wait_for
 
 NODES = [NodeInfo(f"node{i}", "idle", (), "", ("debug",)) for i in range(1, 5)]
 
@@ -669,12 +669,6 @@ def test_a_broken_leader_steps_down_for_a_good_standby(make_loop: Callable[..., 
     assert shared.job_table["5"].excluded == ("node3",)
 
 
-def _acl_users(loop: Loop) -> set[str]:
-    client: Any = loop.store.client
-    names = client.execute_command("ACL", "USERS")
-    return {n.decode() if isinstance(n, bytes) else str(n) for n in names}
-
-
 def test_slurm_unknown_is_not_no_jobs(make_loop: Callable[..., Loop]) -> None:
     """Issue 18 item 2: slurmctld does not answer for 30 s of cycles. The cycles fail; the
     running job's credential is not revoked, nothing is decided or changed, and its detection
@@ -691,18 +685,18 @@ def test_slurm_unknown_is_not_no_jobs(make_loop: Callable[..., Loop]) -> None:
         report = loop.service.cycle()  # fails, or stands by after three failures
         assert not report.leader or "slurm controller" in (report.error or "")
         loop.clock.advance(1)
-    assert credentials.username("5") in _acl_users(loop)
+    assert credentials.username("5") in acl_users(loop.store.client)
     assert slurm.changes == []
     assert loop.state.job_decisions("5") == []
     del slurm.fail["jobs"]
     wait_for(lambda: loop.service.cycle().leader, 10, "the instance to lead again")
     _run(loop, 60, 5, {"node3": 2.0})
     assert slurm.job_table["5"].excluded == ("node3",)
-    assert credentials.username("5") in _acl_users(loop)
+    assert credentials.username("5") in acl_users(loop.store.client)
     del slurm.job_table["5"]  # gone from Slurm without an epilog: Slurm's answer revokes it
     clock.advance(31)
     assert loop.service.cycle().error is None
-    assert credentials.username("5") not in _acl_users(loop)
+    assert credentials.username("5") not in acl_users(loop.store.client)
 
 
 @pytest.mark.parametrize("labelled", [False, True], ids=["inferred", "labelled"])

@@ -17,7 +17,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -31,6 +30,7 @@ from tests.integration.conftest import (
     REPO,
     RedisServer,
     Slurm,
+    acl_users,
     free_port,
     stop_slurmctld,
     wait_cycles,
@@ -460,7 +460,7 @@ def test_slurmctld_stopped_for_30_seconds_forgets_and_revokes_nothing(
     assert "Traceback" not in cli.stderr
     services.wait_failed_cycles(3, "slurmctld being away", timeout_s=60)
     while time.monotonic() - signal_sent < 30:
-        assert user in _acl_users(state), "a credential was revoked while Slurm was away"
+        assert user in acl_users(state.r), "a credential was revoked while Slurm was away"
         time.sleep(1)
     after = state.job(job)
     assert int(after["steps_cursor"].split("-")[0]) >= int(before["steps_cursor"].split("-")[0])
@@ -474,13 +474,7 @@ def test_slurmctld_stopped_for_30_seconds_forgets_and_revokes_nothing(
     )
     assert (state.last_heartbeat() or {}).get("jobs") == 1
     assert slurm.job(job)["JobState"] == "RUNNING"
-    assert user in _acl_users(state)
+    assert user in acl_users(state.r)
     log = (tmp_path / "service-0.log").read_text(errors="replace")
     assert "credentials_revoked" not in log
     assert service.poll() is None, "the service died with slurmctld"
-
-
-def _acl_users(state: ServiceState) -> set[str]:
-    client: Any = state.r
-    names = client.execute_command("ACL", "USERS")
-    return {n.decode() if isinstance(n, bytes) else str(n) for n in names}
