@@ -115,7 +115,8 @@ class JobDetector:
         self._warm_log = np.zeros(n)
         self._warm_log2 = np.zeros(n)
         self._warm_n = np.zeros(n)
-        self._warm_target: int | None = None
+        self._warm_target: int | None = None  # steps_done at which the warm-up ends
+        self._warm_start = 0  # steps_done at which it began (later after a rank came late)
         self.learned = False
         #: What was taken for structure: offset (%), ranks, nodes; for logs and tests.
         self.structure: list[dict[str, object]] = []
@@ -146,18 +147,14 @@ class JobDetector:
         return events
 
     def adopt(self, older: JobDetector) -> None:
-        """Carry the warm-up and the learned structure of the detector this one replaces (a
-        rank appeared late); the new ranks have no offset."""
+        """Take over from the detector this one replaces (a rank appeared late). The warm-up
+        saw only part of the job, so what it learned (structure, baselines) may be wrong: a
+        fresh warm-up as long as the first starts here and learns again over every rank."""
         self.steps_done = older.steps_done
-        self._warm_target = older._warm_target
-        k = min(self.world, older.world)
-        self._offset[:k] = older._offset[:k]
-        self._warm_log[:k] = older._warm_log[:k]
-        self._warm_log2[:k] = older._warm_log2[:k]
-        self._warm_n[:k] = older._warm_n[:k]
-        self.learned = older.learned
-        self.structure = older.structure
-        self._scale = np.exp(self._offset) if self.structure else None
+        if older._warm_target is not None:
+            first = older._warm_target - older._warm_start
+            self._warm_start = older.steps_done
+            self._warm_target = older.steps_done + first
 
     # -- warm-up and structure -----------------------------------------------------------------
     def _warmup_target(self, b: Block) -> int:

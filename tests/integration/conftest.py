@@ -286,9 +286,27 @@ def state(env: dict[str, str]) -> ServiceState:
     return build(load_settings())[1]
 
 
+_SERVICE_LOG = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failing test that ran the service shows the end of the service's log: in CI, on a
+    release's chroot, it is the only account of what the service saw and did."""
+    report = yield
+    path = item.stash.get(_SERVICE_LOG, None)
+    if report.when == "call" and report.failed and path is not None and path.exists():
+        lines = path.read_text(errors="replace").splitlines()[-80:]
+        report.sections.append(("service log (last 80 lines)", "\n".join(lines)))
+    return report
+
+
 @pytest.fixture
-def service(env: dict[str, str], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+def service(
+    env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[subprocess.Popen[bytes]]:
     """`straggler serve` as a real process; stopped after the test."""
+    request.node.stash[_SERVICE_LOG] = tmp_path / "service.log"
     log = (tmp_path / "service.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "slurm_plugin.cli.main", "--log-level", "info", "serve"],

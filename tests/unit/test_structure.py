@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -110,3 +111,25 @@ def test_the_backtest_sees_structure_as_the_service_does(tmp_path: Path, labelle
     assert result.exit_code == 0, result.output
     detections = json.loads(result.stdout)["detections"]
     assert [(d["node"], d["rank"]) for d in detections] == [("n0002", 20)], detections
+
+
+def test_a_warm_up_that_saw_part_of_the_job_is_learned_again() -> None:
+    """Ranks that start late (seconds apart under load) leave the first warm-up with part of
+    the job: half of it slow node n0002, so the healthy ranks of n0000 and n0003 sit 9 % under
+    that median on two nodes, which looks like structure. When the other ranks appear the
+    warm-up starts again over all of them: nothing is structure, only n0002 is flagged."""
+    spec = JobSpec(
+        "late", 32, 300, seed=3, compute_slow={r: step_change(0.2, 0) for r in range(16, 24)}
+    )
+    batch = generate(spec)
+    early = np.isin(batch.rank, [0, 1, 2, 3, *range(16, 24), 24, 25, 26, 27])
+    det = Detector()
+    det.add("late", batch.take((batch.step < 30) & early))
+    first = det.advance()
+    det.add("late", batch.take(batch.step >= 30))
+    events = [e for e in first + det.advance(final=True) if isinstance(e, StragglerEvent)]
+    assert {e.node for e in events} == {"n0002"}, events
+    detector = det._jobs["late"].detector
+    assert detector is not None
+    assert detector.world == 32
+    assert detector.structure == []
