@@ -287,6 +287,8 @@ def state(env: dict[str, str]) -> ServiceState:
 
 
 _SERVICE_LOG = pytest.StashKey[Path]()
+#: Lines the service writes every cycle: left out of a failure's log but for the last few.
+_ROUTINE = ('"service.cycle"', '"service.records_ignored"')
 
 
 @pytest.hookimpl(wrapper=True)
@@ -296,8 +298,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     path = item.stash.get(_SERVICE_LOG, None)
     if report.when == "call" and report.failed and path is not None and path.exists():
-        lines = path.read_text(errors="replace").splitlines()[-80:]
-        report.sections.append(("service log (last 80 lines)", "\n".join(lines)))
+        lines = path.read_text(errors="replace").splitlines()
+        routine = [line for line in lines if any(e in line for e in _ROUTINE)]
+        telling = [line for line in lines if not any(e in line for e in _ROUTINE)]
+        report.sections.append(
+            (
+                "service log (all but routine lines, then the last routine ones)",
+                "\n".join(telling[-80:] + routine[-6:]),
+            )
+        )
     return report
 
 
