@@ -25,6 +25,14 @@ class StragglerEvent:
     scope: Scope
     attempt: int = 0
     kind: Literal["straggler"] = "straggler"
+    #: When the slowdown began (unix time): the first step of the run that raised the alarm,
+    #: or of the first report when the node is reported again for the same slowdown.
+    since_ts: float | None = None
+
+    @property
+    def lasted_s(self) -> float:
+        """How long the slowdown has lasted when reported (0 when its start is unknown)."""
+        return max(0.0, self.ts - self.since_ts) if self.since_ts is not None else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

@@ -11,8 +11,10 @@ collective wait finds sync stalls.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -65,12 +67,13 @@ class Block:
 
 @dataclass
 class _Tail:
-    """Rows of per-rank deviations (relative excess over the median, scores), for attributing
-    an alarm; ``offset`` is the row where the current block starts."""
+    """Rows of per-rank deviations (relative excess over the median, scores) and their times,
+    for attributing an alarm; ``offset`` is the row where the current block starts."""
 
     excess_compute: F64
     excess_data: F64
     z: F64
+    ts: F64
     offset: int = 0
 
 
@@ -97,6 +100,7 @@ class JobDetector:
         self._node_s = np.zeros((charts, len(self.node_names)))
         self._input_s = np.zeros(n)
         self._flagged: dict[tuple[str, str], int] = {}  # (node, kind) -> step reported
+        self._episodes: dict[tuple[str, str], tuple[float, int]] = {}  # -> (began, last step)
         self._tail: _Tail | None = None
         self._warm: list[F64] = []
         self._base: tuple[float, float, float] | None = None
@@ -265,7 +269,7 @@ class JobDetector:
         self._input_s = input_s[-1] if rows else self._input_s
         input_hit = input_s > _INPUT_H
 
-        window = self._window(excess_c, excess_d, z)
+        window = self._window(excess_c, excess_d, z, b.ts)
         events: list[Event] = []
         events += self._straggler_events(b, rank_hit, node_hit, input_hit, k0, window)
         events += self._sync_stall(b, med_c, warm_rows, valid_rows)
@@ -297,7 +301,7 @@ class JobDetector:
         return out
 
     # -- attribution ---------------------------------------------------------------------------
-    def _window(self, excess_c: F64, excess_d: F64, z: F64) -> _Tail:
+    def _window(self, excess_c: F64, excess_d: F64, z: F64, ts: F64) -> _Tail:
         """Block rows preceded by the tail of earlier blocks; keeps the new tail."""
         keep = self.params.attribution_steps
         if self._tail is not None and self._tail.z.shape[1] == z.shape[1]:
@@ -305,12 +309,16 @@ class JobDetector:
                 np.vstack([self._tail.excess_compute, excess_c]),
                 np.vstack([self._tail.excess_data, excess_d]),
                 np.vstack([self._tail.z, z]),
+                np.concatenate([self._tail.ts, ts]),
             )
         else:
-            joined = _Tail(excess_c, excess_d, z)
+            joined = _Tail(excess_c, excess_d, z, ts)
         joined.offset = joined.z.shape[0] - z.shape[0]
         self._tail = _Tail(
-            joined.excess_compute[-keep:], joined.excess_data[-keep:], joined.z[-keep:]
+            joined.excess_compute[-keep:],
+            joined.excess_data[-keep:],
+            joined.z[-keep:],
+            joined.ts[-keep:],
         )
         return joined
 
@@ -324,8 +332,11 @@ class JobDetector:
         window: _Tail,
     ) -> list[Event]:
         p = self.params
-        # Candidates: (row, kind, rank or None for a node chart, node index, score).
-        candidates: list[tuple[int, str, int | None, int, float]] = []
+        # Per chart (kind, rank or None for a node chart, node index): the rows where it is
+        # over its threshold. A chart is reported at its first such row, and again at its first
+        # such row a re-arm period after the node's last report, also within one block (a
+        # replay feeds a thousand steps at once; the service a few).
+        charts: list[tuple[str, int | None, int, F64, np.ndarray]] = []
         sources = (
             ("compute", rank_hit, False),
             ("compute", node_hit, True),
@@ -333,30 +344,58 @@ class JobDetector:
         )
         for kind, hits, is_node in sources:
             rows, cols = np.nonzero(hits >= 1.0)
-            first: dict[int, int] = {}
-            for row, col in zip(rows.tolist(), cols.tolist(), strict=True):
-                first.setdefault(col, row)  # np.nonzero is row-major: earliest row first
-            for col, row in first.items():
+            order = np.argsort(cols, kind="stable")  # by column, rows ascending within
+            rows, cols = rows[order], cols[order]
+            if not len(cols):
+                continue
+            for start, stop in itertools.pairwise(
+                np.flatnonzero(np.r_[True, cols[1:] != cols[:-1], True]).tolist()
+            ):
+                col = int(cols[start])
                 node_of = col if is_node else int(self.rank_node[col])
-                candidates.append(
-                    (row, kind, None if is_node else col, node_of, float(hits[row, col]))
+                charts.append(
+                    (kind, None if is_node else col, node_of, hits[:, col], rows[start:stop])
                 )
-        candidates.sort(key=lambda c: (c[0], c[1], -c[4]))
+        queue = [
+            (int(hit_rows[0]), kind, -float(scores[hit_rows[0]]), i)
+            for i, (kind, _, _, scores, hit_rows) in enumerate(charts)
+        ]
+        heapq.heapify(queue)
         events: list[Event] = []
-        for row, kind, rank, node_index, score in candidates:
+        soon = p.rearm_steps - max(1, p.rearm_steps // 10)
+        while queue:
+            row, kind, neg_score, i = heapq.heappop(queue)
+            _, rank, node_index, scores, hit_rows = charts[i]
             node = self.node_names[node_index]
             step = int(b.steps[row])
             reported = self._flagged.get((node, kind))
-            if reported is not None and step - reported < p.rearm_steps:
-                continue  # reported recently; a straggler that persists is reported again later
-            event = self._attribute(b, row, kind, rank, node_index, score, k0, window)
-            minimum = p.min_slowdown_pct if kind == "compute" else p.input_min_slowdown_pct
-            # Flagged early in a shift, the estimate (a mean since the shift began) can still
-            # be below the minimum: look again soon rather than a whole re-arm period later.
-            soon = p.rearm_steps - max(1, p.rearm_steps // 10)
-            self._flagged[(node, kind)] = step - (soon if event.slowdown_pct < minimum else 0)
-            events.append(event)
+            if reported is None or step - reported >= p.rearm_steps:
+                event = self._attribute(b, row, kind, rank, node_index, -neg_score, k0, window)
+                event = self._same_episode(event, kind)
+                minimum = p.min_slowdown_pct if kind == "compute" else p.input_min_slowdown_pct
+                # Flagged early in a shift, the estimate (a mean since the shift began) can
+                # still be below the minimum: look again soon rather than a re-arm period later.
+                reported = step - (soon if event.slowdown_pct < minimum else 0)
+                self._flagged[(node, kind)] = reported
+                events.append(event)
+            # This chart's next chance: its first hit a re-arm period after the last report.
+            after = int(np.searchsorted(b.steps, reported + p.rearm_steps))
+            later = hit_rows[hit_rows >= max(after, row + 1)]
+            if len(later):
+                heapq.heappush(queue, (int(later[0]), kind, -float(scores[later[0]]), i))
         return events
+
+    def _same_episode(self, event: StragglerEvent, kind: str) -> StragglerEvent:
+        """A node reported again within two re-arm periods of its last report is the same
+        slowdown going on: it began when that one began (how long a slowdown has lasted is
+        what tells a passing burst from a lasting fault)."""
+        key = (event.node, kind)
+        previous = self._episodes.get(key)
+        since = event.since_ts
+        if previous is not None and event.step - previous[1] <= 2 * self.params.rearm_steps:
+            since = previous[0] if since is None else min(previous[0], since)
+        self._episodes[key] = (since if since is not None else event.ts, event.step)
+        return replace(event, since_ts=since) if since != event.since_ts else event
 
     def _attribute(
         self,
@@ -392,6 +431,8 @@ class JobDetector:
             ranks = [int(node_ranks[int(np.argmax(mean_z))])]
         excess = window.excess_data if kind == "input" else window.excess_compute
         slowdown = float(np.nanmean(excess[lo:hi][:, ranks])) * 100.0
+        # It began when the step before its first slow one ended.
+        since = float(window.ts[lo - 1] if lo > 0 else window.ts[lo])
         return StragglerEvent(
             job_id=self.job_id,
             node=self.node_names[node_index],
@@ -404,6 +445,7 @@ class JobDetector:
             cause="input" if kind == "input" else "compute",
             scope="node" if node_wide else "gpu",
             attempt=self.attempt,
+            since_ts=since if math.isfinite(since) else None,
         )
 
     # -- sync stall ----------------------------------------------------------------------------

@@ -145,12 +145,18 @@ def test_the_actions_are_the_services_decisions(tmp_path: Path) -> None:
     write_csv([("61", small), ("62", large)], str(path))
     result = CliRunner().invoke(cli, ["backtest", str(path), "--json"])
     assert result.exit_code == 0, result.output
-    rows = {d["job_id"]: d for d in json.loads(result.stdout)["detections"]}
+    detections = json.loads(result.stdout)["detections"]
+    rows = {d["job_id"]: d for d in reversed(detections)}  # each job's first
     assert rows["61"]["action"] == "annotate"
     assert rows["61"]["reasons"][0].startswith("goodput: evicting saves")
     assert rows["61"]["saved_s"] < rows["61"]["cost_s"]
     assert rows["62"]["action"] == "evict"
     assert rows["62"]["saved_s"] > rows["62"]["cost_s"]
+    # The trace goes on as it was recorded: the straggler, reported again 200 steps later,
+    # is in the eviction's cooldown.
+    (again,) = [d for d in detections if d["job_id"] == "62" and d["step"] > 200]
+    assert again["action"] == "annotate"
+    assert again["reasons"][0].startswith("cooldown")
     observe = CliRunner().invoke(
         cli, ["backtest", str(path), "--json", "--policy", str(REPO / "policies/observe.toml")]
     )
