@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from slurm_plugin.detection import Detector, Event, RecordBatch, StragglerEvent
-from slurm_plugin.policy.decide import ClusterContext, JobContext, decide
-from slurm_plugin.policy.history import Incident, NodeHistory, record_incident
+from slurm_plugin.policy.decide import ClusterContext, JobContext, decide, is_slowdown
+from slurm_plugin.policy.history import Incident, NodeHistory, other_jobs, record_incident
 from slurm_plugin.policy.rails import PersistencePolicy, SafetyPolicy
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.slurm.model import JobInfo, NodeInfo
@@ -89,10 +89,15 @@ class _Replay:
             self.cluster = tuple(NodeInfo(n, "idle", (), "", ("trace",)) for n in names)
         return self.cluster
 
-    def decide(self, event: StragglerEvent) -> dict[str, Any]:
-        """The service's verdict on ``event`` at the event's time."""
+    def decide(self, event: StragglerEvent, node_incidents: int = 0) -> dict[str, Any]:
+        """The service's verdict on ``event`` at the event's time; ``node_incidents``: other
+        jobs of the trace that saw the node slow before."""
         done = self.evictions.setdefault(event.job_id, [])
-        ctx = JobContext(evictions=len(done), last_eviction_ts=done[-1] if done else None)
+        ctx = JobContext(
+            evictions=len(done),
+            last_eviction_ts=done[-1] if done else None,
+            node_incidents=node_incidents,
+        )
         recent = sum(1 for ts in itertools.chain(*self.evictions.values()) if event.ts - ts < 3600)
         cluster = ClusterContext(
             nodes=self._cluster(), evictions_last_hour=recent, safety=self.safety
@@ -105,10 +110,15 @@ class _Replay:
             "reasons": decision.reasons,
             "saved_s": decision.saved_s,
             "cost_s": decision.cost_s,
+            "lasted_s": decision.lasted_s,
+            "expected_s": decision.expected_s,
+            "lasting_p": decision.lasting_p,
         }
 
 
-def _detection(event: Event, policy: Policy, replay: _Replay) -> dict[str, Any]:
+def _detection(
+    event: Event, policy: Policy, replay: _Replay, node_incidents: int = 0
+) -> dict[str, Any]:
     data = event.to_dict()
     if isinstance(event, StragglerEvent):
         rank = event.ranks[0] if event.ranks else None
@@ -136,7 +146,7 @@ def _detection(event: Event, policy: Policy, replay: _Replay) -> dict[str, Any]:
             "score": None,
         }
     if isinstance(event, StragglerEvent):
-        row.update(replay.decide(event))
+        row.update(replay.decide(event, node_incidents))
     else:
         row["action"] = "none" if policy.actions.mode == "off" else "report"
     row["kind"] = event.kind
@@ -179,8 +189,12 @@ def run_backtest(
     events.sort(key=lambda e: e.ts)
     replay = _Replay(policy, trace, names, job_codes)
     for event in events:
-        result.detections.append(_detection(event, policy, replay))
+        past = 0
         if isinstance(event, StragglerEvent):
+            history = histories.get(event.node, NodeHistory(event.node))
+            past = other_jobs(history, event.job_id, event.ts, hist_params)
+        result.detections.append(_detection(event, policy, replay, past))
+        if isinstance(event, StragglerEvent) and is_slowdown(event, policy):
             node = event.node
             transition = record_incident(
                 histories.get(node, NodeHistory(node)),

@@ -173,7 +173,18 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
     click.echo("")
     emit_table(
         decisions,
-        ["id", "detected_ts", "state", "node", "decision", "saved_s", "cost_s", "reasons"],
+        [
+            "id",
+            "detected_ts",
+            "state",
+            "node",
+            "decision",
+            "lasted_s",
+            "expected_s",
+            "saved_s",
+            "cost_s",
+            "reasons",
+        ],
     )
     if ignored:
         counts = ", ".join(f"{n} {reason}" for reason, n in sorted(ignored.items()))

@@ -15,6 +15,7 @@ import heapq
 import itertools
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -99,8 +100,10 @@ class JobDetector:
         self._rank_s = np.zeros((charts, n))
         self._node_s = np.zeros((charts, len(self.node_names)))
         self._input_s = np.zeros(n)
-        self._flagged: dict[tuple[str, str], int] = {}  # (node, kind) -> step reported
-        self._episodes: dict[tuple[str, str], tuple[float, int]] = {}  # -> (began, last step)
+        # (node, kind) -> (step, time) from which its re-arm period counts (its last report).
+        self._flagged: dict[tuple[str, str], tuple[int, float]] = {}
+        # (node, kind) -> (when its slowdown began, step and time of its last report).
+        self._episodes: dict[tuple[str, str], tuple[float, int, float]] = {}
         self._tail: _Tail | None = None
         self._warm: list[F64] = []
         self._base: tuple[float, float, float] | None = None
@@ -362,28 +365,37 @@ class JobDetector:
         ]
         heapq.heapify(queue)
         events: list[Event] = []
-        soon = p.rearm_steps - max(1, p.rearm_steps // 10)
         while queue:
             row, kind, neg_score, i = heapq.heappop(queue)
             _, rank, node_index, scores, hit_rows = charts[i]
             node = self.node_names[node_index]
-            step = int(b.steps[row])
             reported = self._flagged.get((node, kind))
-            if reported is None or step - reported >= p.rearm_steps:
+            if reported is None or self._rearmed(reported, int(b.steps[row]), float(b.ts[row])):
                 event = self._attribute(b, row, kind, rank, node_index, -neg_score, k0, window)
                 event = self._same_episode(event, kind)
                 minimum = p.min_slowdown_pct if kind == "compute" else p.input_min_slowdown_pct
                 # Flagged early in a shift, the estimate (a mean since the shift began) can
                 # still be below the minimum: look again soon rather than a re-arm period later.
-                reported = step - (soon if event.slowdown_pct < minimum else 0)
+                soon = 0.9 if event.slowdown_pct < minimum else 0.0
+                reported = (
+                    event.step - int(soon * p.rearm_steps),
+                    event.ts - soon * p.rearm_s,
+                )
                 self._flagged[(node, kind)] = reported
                 events.append(event)
             # This chart's next chance: its first hit a re-arm period after the last report.
-            after = int(np.searchsorted(b.steps, reported + p.rearm_steps))
-            later = hit_rows[hit_rows >= max(after, row + 1)]
+            later = hit_rows[hit_rows > row]
+            if len(later):
+                due = self._rearmed(reported, b.steps[later], b.ts[later])
+                later = later[due]
             if len(later):
                 heapq.heappush(queue, (int(later[0]), kind, -float(scores[later[0]]), i))
         return events
+
+    def _rearmed(self, reported: tuple[int, float], step: Any, ts: Any) -> Any:
+        """A re-arm period (steps or seconds, whichever first) has passed since ``reported``."""
+        p = self.params
+        return (step - reported[0] >= p.rearm_steps) | (ts - reported[1] >= p.rearm_s)
 
     def _same_episode(self, event: StragglerEvent, kind: str) -> StragglerEvent:
         """A node reported again within two re-arm periods of its last report is the same
@@ -392,9 +404,12 @@ class JobDetector:
         key = (event.node, kind)
         previous = self._episodes.get(key)
         since = event.since_ts
-        if previous is not None and event.step - previous[1] <= 2 * self.params.rearm_steps:
+        p = self.params
+        if previous is not None and (
+            event.step - previous[1] <= 2 * p.rearm_steps or event.ts - previous[2] <= 2 * p.rearm_s
+        ):
             since = previous[0] if since is None else min(previous[0], since)
-        self._episodes[key] = (since if since is not None else event.ts, event.step)
+        self._episodes[key] = (since if since is not None else event.ts, event.step, event.ts)
         return replace(event, since_ts=since) if since != event.since_ts else event
 
     def _attribute(

@@ -40,7 +40,11 @@ class DetectionParams:
     sync_stall_steps: float = 10.0
     lag_steps: int = 3
     attribution_steps: int = 32
+    #: A node still flagged is reported again after this many steps or seconds, whichever
+    #: comes first (a tenth of either when its estimate was under the minimum): each report
+    #: is decided on anew, with how long the slowdown has lasted by then.
     rearm_steps: int = 200
+    rearm_s: float = 30.0
 
     def __post_init__(self) -> None:
         checks = {
@@ -63,6 +67,7 @@ class DetectionParams:
             "lag_steps": self.lag_steps >= 0,
             "attribution_steps": self.attribution_steps >= 1,
             "rearm_steps": self.rearm_steps >= 1,
+            "rearm_s": self.rearm_s > 0,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:

@@ -3,6 +3,7 @@ to do and why. Every reason and both goodput numbers go into the decision record
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -23,6 +24,8 @@ class JobContext:
     last_checkpoint_ts: float | None = None
     reports_checkpoints: bool = False
     waiting_since: float | None = None
+    #: Other jobs that saw the event's node slow within the persistence window (its past).
+    node_incidents: int = 0
 
 
 @dataclass(frozen=True)
@@ -49,22 +52,85 @@ class Decision:
     cost_s: float | None = None
     #: Only an admin's pause or the open circuit breaker stands in the way: act once lifted.
     on_hold: bool = False
+    #: How long the slowdown had lasted, and how much longer it is expected to (goodput).
+    lasted_s: float | None = None
+    expected_s: float | None = None
+    #: The chance that it lasts for the rest of the job, given its age and the node's past.
+    lasting_p: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Outlook:
+    """How much longer a slowdown is expected to last."""
+
+    lasted_s: float
+    expected_s: float
+    lasting_p: float
+
+
+def outlook(
+    event: StragglerEvent, job: JobInfo, ctx: JobContext, policy: Policy, now: float
+) -> Outlook:
+    """Expected remaining duration of the slowdown. Two kinds of slowdown: one that lasts for
+    the rest of the job (a fault; prior ``persistent_prior``, raised by each other job that saw
+    the node slow: ``1 - (1 - prior) / (1 + incidents)``) and a burst that passes, its length
+    exponential with mean ``transient_s``. Having lasted ``L`` seconds, a burst is still on
+    with probability ``exp(-L / transient_s)``, so the chance that it is a lasting one grows
+    with ``L`` (Bayes); a burst still on lasts ``transient_s`` more on average."""
+    actions = policy.actions
+    remaining = job_remaining_s(job, policy, now)
+    lasted = max(0.0, now - event.since_ts) if event.since_ts is not None else 0.0
+    prior = 1.0 - (1.0 - actions.persistent_prior) / (1.0 + max(0, ctx.node_incidents))
+    burst_on = math.exp(-lasted / actions.transient_s)
+    lasting = prior / (prior + (1.0 - prior) * burst_on)
+    expected = lasting * remaining + (1.0 - lasting) * min(actions.transient_s, remaining)
+    return Outlook(lasted, expected, lasting)
+
+
+def _not_sure_yet(
+    event: StragglerEvent, ahead: Outlook, cost: float, policy: Policy, remaining: float
+) -> str | None:
+    """Why evicting now is premature although it pays on average, or None. Waiting one
+    ``transient_s`` more costs the slowdown's share of the slow time in that window (all of
+    it if the slowdown lasts, until it passes if a burst); evicting now wastes the requeue if
+    the slowdown would have passed within it. While the second is larger, wait and decide
+    again at the node's next report."""
+    mean = policy.actions.transient_s
+    window = min(mean, remaining)
+    share = max(0.0, event.slowdown_pct) / 100.0
+    share /= 1.0 + share
+    lasting = ahead.lasting_p
+    ends = 1.0 - math.exp(-window / mean)  # a burst still on ends within the window
+    slow_time = lasting * window + (1.0 - lasting) * mean * ends
+    waiting = share * slow_time
+    passes = (1.0 - lasting) * ends
+    if cost * passes <= waiting:
+        return None
+    return (
+        f"not sure yet: waiting {window:.0f} s more costs {waiting:.0f} s if it lasts; "
+        f"evicting now wastes the {cost:.0f} s requeue if it passes ({passes:.0%} likely)"
+    )
+
+
+def job_remaining_s(job: JobInfo, policy: Policy, now: float) -> float:
+    """The job's remaining run: to its time limit, or the policy's assumption without one."""
+    if job.time_limit_s is not None and job.start_time is not None:
+        return max(0.0, job.start_time + job.time_limit_s - now)
+    return policy.actions.assume_remaining_s
+
+
 def goodput(
     event: StragglerEvent, job: JobInfo, ctx: JobContext, policy: Policy, now: float
 ) -> tuple[float, float]:
-    """(expected seconds saved by evicting, seconds the restart costs)."""
-    if job.time_limit_s is not None and job.start_time is not None:
-        remaining = max(0.0, job.start_time + job.time_limit_s - now)
-    else:
-        remaining = policy.actions.assume_remaining_s
+    """(expected seconds saved by evicting, seconds the restart costs): the slowdown's share
+    of the time it is expected to go on, against the restart and the work since the last
+    checkpoint."""
     slowdown = max(0.0, event.slowdown_pct) / 100.0
-    saved = remaining * slowdown / (1.0 + slowdown)
+    saved = outlook(event, job, ctx, policy, now).expected_s * slowdown / (1.0 + slowdown)
     since = ctx.last_checkpoint_ts if ctx.last_checkpoint_ts is not None else job.start_time
     lost = max(0.0, now - since) if since is not None else 0.0
     return saved, policy.actions.restart_cost_s + lost
@@ -168,20 +234,39 @@ def decide(
     if node not in job.nodes:
         return Decision("none", node, [f"{node} is not one of the job's nodes"])
     saved, cost = goodput(event, job, ctx, policy, now)
+    ahead = outlook(event, job, ctx, policy, now)
+
+    def verdict(action: Action, reasons: list[str], on_hold: bool = False) -> Decision:
+        return Decision(
+            action,
+            node,
+            reasons,
+            saved,
+            cost,
+            on_hold,
+            ahead.lasted_s,
+            ahead.expected_s,
+            ahead.lasting_p,
+        )
+
+    why = (
+        f"lasted {ahead.lasted_s:.0f} s, expected {ahead.expected_s:.0f} s more "
+        f"({ahead.lasting_p:.0%} that it lasts)"
+    )
     reasons = _blockers(event, job, policy, ctx, cluster, now)
     if saved <= cost:
-        reasons.append(f"goodput: evicting saves {saved:.0f} s but costs {cost:.0f} s")
+        reasons.append(f"goodput: evicting saves {saved:.0f} s but costs {cost:.0f} s ({why})")
+    else:
+        unsure = _not_sure_yet(event, ahead, cost, policy, job_remaining_s(job, policy, now))
+        reasons += [f"{unsure} ({why})"] if unsure else []
     switches = _switches(cluster)
     if reasons or switches:
-        on_hold = not reasons and not cluster.dry_run
-        return Decision(note, node, reasons + switches, saved, cost, on_hold=on_hold)
+        return verdict(note, reasons + switches, on_hold=not reasons and not cluster.dry_run)
     waited = now - ctx.waiting_since if ctx.waiting_since is not None else 0.0
     if policy.actions.when == "after_checkpoint" and ctx.reports_checkpoints:
         if waited < policy.actions.max_wait_s:
-            return Decision("wait", node, ["waiting for the job's next checkpoint"], saved, cost)
+            return verdict("wait", ["waiting for the job's next checkpoint"])
         reasons.append(f"no checkpoint within {policy.actions.max_wait_s:.0f} s: evicting")
     action: Action = "annotate" if cluster.dry_run else "evict"
     reasons += ["dry run"] if cluster.dry_run else []
-    return Decision(
-        action, node, [*reasons, f"goodput: saves {saved:.0f} s, costs {cost:.0f} s"], saved, cost
-    )
+    return verdict(action, [*reasons, f"goodput: saves {saved:.0f} s, costs {cost:.0f} s ({why})"])

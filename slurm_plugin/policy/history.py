@@ -128,3 +128,15 @@ def record_incident(
     aged = evaluate(history, incident.ts, params, distinct_users=distinct_users).history
     added = replace(aged, incidents=(*aged.incidents, incident), last_incident=incident.ts)
     return evaluate(added, incident.ts, params, distinct_users=distinct_users)
+
+
+def other_jobs(history: NodeHistory, job_id: str, now: float, params: HistoryParams) -> int:
+    """How many jobs other than ``job_id`` saw the node slow within the window: the node's
+    past, as the goodput rule weighs it (a job's own reports never count twice)."""
+    return len(
+        {
+            i.job_id
+            for i in history.incidents
+            if i.job_id != job_id and i.cause == "compute" and 0 <= now - i.ts <= params.window_s
+        }
+    )

@@ -104,6 +104,22 @@ class ActionPolicy(Strict):
         description="Seconds a requeue costs beyond lost work: Slurm's requeue delay "
         "(AuthInfo cred_expire, 120 s by default) plus start-up.",
     )
+    transient_s: float = Field(
+        30.0,
+        gt=0,
+        le=86400,
+        description="Mean length of a slowdown that passes by itself (a page-cache flush, a "
+        "daemon, a checkpoint writer), s. A slowdown that has lasted a few times this long is "
+        "taken for one that lasts; a younger one is expected to pass (goodput rule).",
+    )
+    persistent_prior: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="Chance that a new slowdown on a node no other job saw slow lasts for the "
+        "rest of the job (a fault, not a burst). Every other job that saw the node slow within "
+        "the persistence window raises it.",
+    )
     assume_remaining_s: float = Field(
         3600.0,
         gt=0,

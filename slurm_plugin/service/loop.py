@@ -23,6 +23,7 @@ from slurm_plugin.config import Settings
 from slurm_plugin.detection import DetectionParams, Detector, Event, StragglerEvent
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.policy.decide import ClusterContext, JobContext, decide, is_slowdown
+from slurm_plugin.policy.history import other_jobs
 from slurm_plugin.policy.loader import (
     active_policies,
     apply_job_overrides,
@@ -287,6 +288,9 @@ class Service:
             return {"id": decision_id, "action": "report", "kind": event.kind}
         gpus = [event.gpu] if event.scope == "gpu" and event.gpu is not None else []
         evidence, reported = gather_evidence(self.state, self.store, job.job_id, event.node, gpus)
+        past = other_jobs(
+            self.state.node_history(event.node), job.job_id, now, self.rails.persistence.params()
+        )
         if is_slowdown(event, policy):  # speed-ups and small blips never enter node history
             self._node_rails.remember(
                 event,
@@ -297,7 +301,8 @@ class Service:
                 corroborated=bool(evidence),
                 cluster_mode=self.policies[self.settings.default_policy].actions.mode,
             )
-        decision = decide(event, job, policy, self._context(job), self._cluster(nodes, now), now)
+        ctx = replace(self._context(job), node_incidents=past)
+        decision = decide(event, job, policy, ctx, self._cluster(nodes, now), now)
         record = {
             **base,
             "node": event.node,
@@ -312,6 +317,11 @@ class Service:
             "reasons": decision.reasons,
             "saved_s": _round(decision.saved_s),
             "cost_s": _round(decision.cost_s),
+            "since_ts": _round(event.since_ts),
+            "lasted_s": _round(decision.lasted_s),
+            "expected_s": _round(decision.expected_s),
+            "lasting_p": _round(decision.lasting_p, 3),
+            "node_incidents": past,
         }
         mark = marks.reason(
             f"{event.cause} {event.node}",
@@ -436,12 +446,16 @@ class Service:
             slowdown_pct=float(rec.get("slowdown_pct", "0")),
             cause="compute",
             scope="gpu",
+            since_ts=_float(rec.get("since_ts")),
+        )
+        past = other_jobs(
+            self.state.node_history(node), job.job_id, now, self.rails.persistence.params()
         )
         again = decide(
             event,
             job,
             policy,
-            JobContext(**{**ctx.__dict__, "reports_checkpoints": False}),
+            replace(ctx, reports_checkpoints=False, node_incidents=past),
             self._cluster(nodes, now),
             now,
         )
@@ -509,5 +523,13 @@ class Service:
                 return report
 
 
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
+def _float(text: str | None) -> float | None:
+    """A number the service wrote into a record, or None when missing or unreadable."""
+    try:
+        return float(text) if text not in (None, "", "None") else None
+    except ValueError:
+        return None
+
+
+def _round(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)

@@ -62,7 +62,11 @@ def _job(**overrides: Any) -> JobInfo:
     return replace(BASE_JOB, **overrides)
 
 
-def _event(slowdown: float = 10.0, cause: str = "compute") -> StragglerEvent:
+def _event(
+    slowdown: float = 10.0, cause: str = "compute", lasted_s: float = 900.0
+) -> StragglerEvent:
+    """A detection at NOW of a slowdown that began ``lasted_s`` ago (by default long enough to
+    be taken for a lasting one)."""
     return StragglerEvent(
         job_id="5",
         node="node3",
@@ -74,6 +78,7 @@ def _event(slowdown: float = 10.0, cause: str = "compute") -> StragglerEvent:
         slowdown_pct=slowdown,
         cause=cause,  # type: ignore[arg-type]
         scope="gpu",
+        since_ts=NOW - lasted_s,
     )
 
 
@@ -115,6 +120,56 @@ def test_goodput_rule_refuses_when_little_time_is_left() -> None:
     d = _decide(job=_job(start_time=NOW - 4 * 3600 + 300))
     assert d.action == "annotate"
     assert any(r.startswith("goodput: evicting saves") for r in d.reasons)
+
+
+def test_a_burst_that_just_began_is_expected_to_pass() -> None:
+    """Issue 14: 3x slower for 5 s, on a node no other job saw slow, with 4 h of the job
+    left: expected to last about transient_s more (a 5 % chance that it lasts), so it does
+    not pay for a requeue; the record says how long it lasted and how long it is expected to."""
+    d = _decide(event=_event(slowdown=200.0, lasted_s=5.0))
+    assert d.action == "annotate"
+    assert d.lasted_s == pytest.approx(5.0)
+    assert d.lasting_p == pytest.approx(0.059, abs=0.002)
+    assert d.expected_s is not None
+    assert d.expected_s < 0.1 * 3 * 3600
+    (why,) = [r for r in d.reasons if r.startswith("not sure yet")]
+    assert "lasted 5 s, expected" in why
+    assert "6% that it lasts" in why
+    assert "wastes the 240 s requeue if it passes (60% likely)" in why
+
+
+def test_the_longer_it_lasts_the_more_it_is_expected_to() -> None:
+    """The same slowdown once it has lasted 5 minutes (ten transient_s): likely a fault,
+    expected to last most of what is left of the job, and evicted."""
+    young = _decide(event=_event(slowdown=200.0, lasted_s=5.0))
+    old = _decide(event=_event(slowdown=200.0, lasted_s=300.0))
+    assert old.action == "evict"
+    assert young.expected_s is not None
+    assert old.expected_s is not None
+    assert old.lasting_p is not None
+    assert old.expected_s > 10 * young.expected_s
+    assert old.lasting_p > 0.8
+
+
+def test_a_node_other_jobs_saw_slow_is_believed_sooner() -> None:
+    """A minute into the slowdown: on a fresh node it may still pass (28 % that it lasts, not
+    evicted); on a node two other jobs saw slow within the persistence window a lasting fault
+    is the likelier story (94 %), and the job is evicted."""
+    event = _event(slowdown=200.0, lasted_s=60.0)
+    fresh = _decide(event=event)
+    known = _decide(event=event, ctx=JobContext(last_checkpoint_ts=NOW - 60, node_incidents=2))
+    assert fresh.action == "annotate"
+    assert known.action == "evict"
+    assert fresh.lasting_p == pytest.approx(0.28, abs=0.005)
+    assert known.lasting_p == pytest.approx(0.941, abs=0.005)
+
+
+def test_a_slowdown_of_unknown_age_is_taken_as_new() -> None:
+    """No start known (an event from an older service): 0 s lasted, the conservative side."""
+    event = replace(_event(slowdown=200.0), since_ts=None)
+    d = _decide(event=event)
+    assert d.lasted_s == 0.0
+    assert d.action == "annotate"
 
 
 @pytest.mark.parametrize(

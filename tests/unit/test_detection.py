@@ -33,8 +33,17 @@ def _run(spec: JobSpec, params: DetectionParams | None = None) -> list[object]:
     return list(det.advance(final=True))
 
 
-def _stragglers(events: list[object]) -> list[StragglerEvent]:
+def _reports(events: list[object]) -> list[StragglerEvent]:
+    """Every straggler report (a node still slow is reported again each re-arm period)."""
     return [e for e in events if isinstance(e, StragglerEvent)]
+
+
+def _stragglers(events: list[object]) -> list[StragglerEvent]:
+    """The first report of each slow node (per attempt and cause)."""
+    firsts: dict[tuple[int, str, str], StragglerEvent] = {}
+    for e in _reports(events):
+        firsts.setdefault((e.attempt, e.node, e.cause), e)
+    return list(firsts.values())
 
 
 def test_cusum_arithmetic() -> None:
@@ -58,8 +67,9 @@ def test_one_slow_gpu_is_found_quickly_and_attributed() -> None:
     """+5 % on one GPU of 256: that rank, its node and GPU, cause compute, scope gpu; still
     there a re-arm period later, it is reported again as the same slowdown (same start)."""
     spec = JobSpec("7", 256, 400, seed=4, compute_slow={77: step_change(0.05, 150)})
-    event, again = _stragglers(_run(spec))
-    assert again.step - event.step == DetectionParams().rearm_steps
+    event, again, *_ = _reports(_run(spec))
+    rearm_s = DetectionParams().rearm_s  # ~48 steps of ~0.62 s: before rearm_steps (200)
+    assert rearm_s <= again.ts - event.ts < rearm_s + 1.0
     assert (again.ranks, again.since_ts) == (event.ranks, event.since_ts)
     # It began when step 149 ended, give or take a step (the CUSUM run's start is an estimate).
     batch = generate(spec)
@@ -101,14 +111,15 @@ def test_a_shift_flagged_below_the_minimum_is_reported_again_soon() -> None:
     reported again within the job)."""
     spec = JobSpec("9", 128, 1000, seed=6, compute_slow={5: drift(0.15, 100, 600)})
     params = DetectionParams()
-    events = _stragglers(_run(spec, params))
+    events = _reports(_run(spec, params))
     first = events[0]
     over = next(e for e in events if e.slowdown_pct >= params.min_slowdown_pct)
     assert first.slowdown_pct < params.min_slowdown_pct
     assert over.step - first.step < params.rearm_steps
     assert over.ranks == [5]
     looks = [e.step for e in events if e.step <= over.step]
-    assert all(b - a == params.rearm_steps // 10 for a, b in itertools.pairwise(looks)), looks
+    # A tenth of the re-arm period: 20 steps or 3 s (~5 steps of ~0.6 s), whichever first.
+    assert all(b - a <= params.rearm_steps // 10 for a, b in itertools.pairwise(looks)), looks
 
 
 def test_slow_data_shard_is_input_not_compute() -> None:
