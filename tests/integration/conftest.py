@@ -229,6 +229,27 @@ def acl_users(client: Any) -> set[str]:
     return {n.decode() if isinstance(n, bytes) else str(n) for n in names}
 
 
+#: The control tests' stragglers are faults by construction (a node made slow for the whole
+#: job): their copies of the shipped policies say so, so the first report is acted on. How a
+#: passing burst is told from a fault is tested with the shipped values (test_transient.py,
+#: tests/unit/test_decide.py).
+FAULT_PRIOR = 0.99
+
+
+def copy_policies(dst: Path, persistent_prior: float | None = FAULT_PRIOR) -> Path:
+    """The shipped policies in ``dst``, with ``persistent_prior`` set in each (None: as
+    shipped)."""
+    shutil.copytree(REPO / "policies", dst)
+    if persistent_prior is not None:
+        for path in dst.glob("*.toml"):
+            text = path.read_text()
+            assert "[actions]\n" in text, path
+            path.write_text(
+                text.replace("[actions]\n", f"[actions]\npersistent_prior = {persistent_prior}\n")
+            )
+    return dst
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1, below 55535, free together with port + 10000 (the Redis
     Cluster bus port)."""
@@ -265,8 +286,7 @@ def env(
 ) -> dict[str, str]:
     """Settings for the service, the CLI and the jobs: this test's Redis database and a copy
     of the shipped policies (tests may add one; the service re-reads them every cycle)."""
-    policy_dir = tmp_path / "policies"
-    shutil.copytree(REPO / "policies", policy_dir)
+    policy_dir = copy_policies(tmp_path / "policies")
     values = {
         **cluster.env(),
         "STRAGGLER_REDIS_URL": redis_url,

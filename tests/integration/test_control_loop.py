@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +29,7 @@ from slurm_plugin.telemetry import credentials
 from slurm_plugin.telemetry.records import encode_steps
 from slurm_plugin.telemetry.store import TelemetryStore
 from slurm_plugin.testing import FakeClock, FakeScheduler
-from tests.integration.conftest import REPO, RedisServer, acl_users, wait_for
+from tests.integration.conftest import RedisServer, acl_users, copy_policies, wait_for
 
 NODES = [NodeInfo(f"node{i}", "idle", (), "", ("debug",)) for i in range(1, 5)]
 
@@ -101,9 +100,11 @@ def publish(
 
 
 @pytest.fixture
-def make_loop(private_redis: RedisServer) -> Iterator[Callable[..., Loop]]:
-    """Builds service instances sharing one Redis and one fake Slurm."""
+def make_loop(private_redis: RedisServer, tmp_path: Path) -> Iterator[Callable[..., Loop]]:
+    """Builds service instances sharing one Redis and one fake Slurm (the shipped policies,
+    each slowdown taken for a fault: :func:`copy_policies`)."""
     clients: list[redis.Redis] = []
+    shipped = copy_policies(tmp_path / "shipped-policies")
 
     def make(
         slurm: FakeScheduler,
@@ -111,7 +112,7 @@ def make_loop(private_redis: RedisServer) -> Iterator[Callable[..., Loop]]:
         name: str,
         lock_ttl_s: float = 10,
         dry_run: bool = False,
-        policy_dir: Path = REPO / "policies",
+        policy_dir: Path = shipped,
         **settings_values: Any,
     ) -> Loop:
         text = redis.Redis.from_url(private_redis.url, decode_responses=True)
@@ -245,8 +246,16 @@ def test_one_waiting_decision_and_max_wait_is_honoured(make_loop: Callable[..., 
     assert slurm.changes == []
     clock.advance(900)
     _run(loop, 600, 2, {"node3": 2.0})
-    (decision,) = loop.state.job_decisions("5")
-    assert (decision["state"], decision["after"]) == ("verified", "max wait")
+    # Past max_wait_s either the waiting decision acts ("max wait") or, when the node is
+    # reported again first (every rearm_s), a new decision evicts and closes the waiting one.
+    decisions = loop.state.job_decisions("5")
+    (decision,) = [d for d in decisions if d.get("action") == "evict"]
+    assert decision["state"] == "verified"
+    assert (
+        decision.get("after") == "max wait"
+        or "no checkpoint within 900 s: evicting" in decision["reasons"]
+    ), decision
+    assert all(d["state"] == "recorded" for d in decisions if d is not decision), decisions
     # Our mark (with the decision id) goes on the job before it is held.
     assert [c[0] for c in slurm.changes] == ["annotate", "requeue_hold", "set_excluded", "release"]
     assert decision["id"] in slurm.changes[0][2]
@@ -289,6 +298,7 @@ description = "evict after the checkpoint, only slowdowns of 40 % or more"
 [detection]
 min_slowdown_pct = 40.0
 [actions]
+persistent_prior = 0.99  # a fault, as in copy_policies
 mode = "evict"
 when = "after_checkpoint"
 max_wait_s = 900
@@ -303,8 +313,7 @@ def test_a_node_slightly_better_at_the_recheck_is_still_evicted(
     """Hysteresis: flagged at the policy's minimum (40 %), released below half of it. node3,
     2x slow when flagged, is 30 % slow at the re-check (under the minimum, over half of it):
     still evicted; 10 % slow: recovered, not evicted."""
-    policies = tmp_path / "policies"
-    shutil.copytree(REPO / "policies", policies)
+    policies = copy_policies(tmp_path / "policies")
     (policies / "strict.toml").write_text(STRICT)
     clock = FakeClock()
     slurm = FakeScheduler([running_job(clock, policy="strict")], NODES)
@@ -327,6 +336,7 @@ def test_a_node_slightly_better_at_the_recheck_is_still_evicted(
 NO_REQUEUE = """
 description = "an evicting policy that may not requeue: only the node rails act"
 [actions]
+persistent_prior = 0.99  # a fault, as in copy_policies
 mode = "evict"
 when = "now"
 max_requeues = 0
@@ -358,8 +368,7 @@ def test_only_the_service_takes_a_node_out_after_its_rails(
     evicting default policy the service drains node3 with our mark and a refusal that makes
     the prolog fail. The jobs run under the evicting policy in every case: a job's choice
     never turns draining on."""
-    policies = tmp_path / "policies"
-    shutil.copytree(REPO / "policies", policies)
+    policies = copy_policies(tmp_path / "policies")
     (policies / "no-requeue.toml").write_text(NO_REQUEUE)
     clock = FakeClock()
     jobs = [running_job(clock, str(10 + i), "no-requeue", user=f"user{i}") for i in range(3)]
