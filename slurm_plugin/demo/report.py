@@ -96,9 +96,18 @@ def _story(run: DemoRun, s: dict[str, Any]) -> str:
             f"{SLOW_NODE} stays slow until the job ends."
         )
     if s.get("excluded"):
+        evicted: dict[str, Any] = next(
+            (d for d in s.get("decisions") or [] if d.get("action") == "evict"), {}
+        )
+        waited = ""
+        if evicted.get("lasted_s") is not None and evicted.get("lasting_p") is not None:
+            waited = (
+                f" once the slowdown had lasted {float(evicted['lasted_s']):.0f} s "
+                f"({float(evicted['lasting_p']):.0%} likely to last, not a passing burst)"
+            )
         return (
-            f"The service detected {SLOW_NODE}, requeued the job at its next checkpoint "
-            f"without {SLOW_NODE}, and the job resumed from step "
+            f"The service detected {SLOW_NODE}, decided to evict{waited}, requeued the job "
+            f"at its next checkpoint without {SLOW_NODE}, and the job resumed from step "
             f"{_num(s.get('resumed_from_step'))} on {', '.join(s.get('final_nodes') or [])}."
         )
     return f"The job was not requeued under {run.policy}."

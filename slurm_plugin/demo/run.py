@@ -68,7 +68,7 @@ def run_scenario(
     quota_pct: float,
     redis_db: int,
     say: Callable[[str], None] = print,
-    timeout_s: float = 480.0,
+    timeout_s: float = 720.0,
 ) -> DemoRun:
     """Submit the DDP job under ``policy``, slow node3 at step ``slow_at``, wait for the end."""
     url = cluster.redis_url.rsplit("/", 1)[0] + f"/{redis_db}"
@@ -164,15 +164,14 @@ def _collect(
 
 def _submit(policy: str, work: Path, env: dict[str, str]) -> str:
     """Submit the demo job; returns its id."""
-    # Six ranks share 2 cores here, so their compute times are far noisier than on GPUs: the
-    # job asks to act only on slowdowns of 250 % or more (bursts of contention reach ~180 %;
-    # the injected slowdown is several-fold), a choice that can only make the policy stricter.
+    # The policy as shipped. Six ranks share 2 cores here, so bursts of contention reach
+    # ~180 % for seconds: they are reported, and never evicted (a slowdown seconds old is
+    # expected to pass); node3's slowdown is evicted once it has lasted long enough.
     out = run_command(
         [
             "sbatch",
             "--parsable",
             f"--straggler-policy={policy}",
-            "--straggler-min-slowdown=250",
             f"--output={work / 'job.log'}",
             "--chdir",
             str(REPO),
@@ -235,6 +234,21 @@ def lost_to_straggler_s(
     return lost
 
 
+#: What the summary keeps of each decision (lasted_s and lasting_p: how long the slowdown had
+#: lasted when decided, and how likely it was taken to last).
+_DECISION_FIELDS = (
+    "id",
+    "kind",
+    "node",
+    "decision",
+    "action",
+    "state",
+    "reasons",
+    "lasted_s",
+    "lasting_p",
+)
+
+
 def summarize(run: DemoRun) -> dict[str, Any]:
     """The figures of one run: detection delay, onset -> requeue, step rates, work lost."""
     nodes = expand_hostlist(run.job.get("NodeList", ""))
@@ -287,8 +301,5 @@ def summarize(run: DemoRun) -> dict[str, Any]:
         "ranks": ranks,
         "lost_to_straggler_s": round(lost, 1) if lost is not None else None,
         "rank_hours_lost": round(lost * ranks / 3600, 4) if lost is not None else None,
-        "decisions": [
-            {k: d.get(k) for k in ("id", "kind", "node", "decision", "action", "state", "reasons")}
-            for d in run.decisions
-        ],
+        "decisions": [{k: d.get(k) for k in _DECISION_FIELDS} for d in run.decisions],
     }

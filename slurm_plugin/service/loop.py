@@ -36,6 +36,7 @@ from slurm_plugin.service.fence import FencedScheduler
 from slurm_plugin.service.ingest import Ingest
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.node_rails import NodeRails
+from slurm_plugin.service.record import decision_record, number
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.service.waiting import Recheck, candidates, with_candidate
 from slurm_plugin.slurm import marks
@@ -303,26 +304,7 @@ class Service:
             )
         ctx = replace(self._context(job), node_incidents=past)
         decision = decide(event, job, policy, ctx, self._cluster(nodes, now), now)
-        record = {
-            **base,
-            "node": event.node,
-            "cause": event.cause,
-            "scope": event.scope,
-            "slowdown_pct": event.slowdown_pct,
-            "score": event.score,
-            "ranks": event.ranks[:32],
-            "hardware_evidence": evidence,
-            "job_reported_gpu": reported,
-            "decision": decision.action,
-            "reasons": decision.reasons,
-            "saved_s": _round(decision.saved_s),
-            "cost_s": _round(decision.cost_s),
-            "since_ts": _round(event.since_ts),
-            "lasted_s": _round(decision.lasted_s),
-            "expected_s": _round(decision.expected_s),
-            "lasting_p": _round(decision.lasting_p, 3),
-            "node_incidents": past,
-        }
+        record = {**base, **decision_record(event, decision, evidence, reported, past)}
         mark = marks.reason(
             f"{event.cause} {event.node}",
             f"+{event.slowdown_pct:.1f}% {decision.action}",
@@ -446,7 +428,7 @@ class Service:
             slowdown_pct=float(rec.get("slowdown_pct", "0")),
             cause="compute",
             scope="gpu",
-            since_ts=_float(rec.get("since_ts")),
+            since_ts=number(rec.get("since_ts")),
         )
         past = other_jobs(
             self.state.node_history(node), job.job_id, now, self.rails.persistence.params()
@@ -521,15 +503,3 @@ class Service:
             )
             if once or stop.wait(self.settings.service_interval_s):
                 return report
-
-
-def _float(text: str | None) -> float | None:
-    """A number the service wrote into a record, or None when missing or unreadable."""
-    try:
-        return float(text) if text not in (None, "", "None") else None
-    except ValueError:
-        return None
-
-
-def _round(value: float | None, digits: int = 1) -> float | None:
-    return None if value is None else round(value, digits)

@@ -1,0 +1,51 @@
+"""What a straggler decision record holds (Redis hash fields, JSON-ready values)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slurm_plugin.detection import StragglerEvent
+from slurm_plugin.policy.decide import Decision
+
+
+def decision_record(
+    event: StragglerEvent,
+    decision: Decision,
+    evidence: list[str],
+    reported: list[str],
+    node_incidents: int,
+) -> dict[str, Any]:
+    """The event, the hardware evidence and the verdict with its numbers: goodput, how long
+    the slowdown had lasted, how much longer it was expected to and how likely to last."""
+    return {
+        "node": event.node,
+        "cause": event.cause,
+        "scope": event.scope,
+        "slowdown_pct": event.slowdown_pct,
+        "score": event.score,
+        "ranks": event.ranks[:32],
+        "hardware_evidence": evidence,
+        "job_reported_gpu": reported,
+        "decision": decision.action,
+        "reasons": decision.reasons,
+        "saved_s": rounded(decision.saved_s),
+        "cost_s": rounded(decision.cost_s),
+        "since_ts": rounded(event.since_ts),
+        "lasted_s": rounded(decision.lasted_s),
+        "expected_s": rounded(decision.expected_s),
+        "lasting_p": rounded(decision.lasting_p, 3),
+        "node_incidents": node_incidents,
+    }
+
+
+def number(text: str | None) -> float | None:
+    """A number the service wrote into a record, or None when missing or unreadable."""
+    try:
+        return float(text) if text not in (None, "", "None") else None
+    except ValueError:
+        return None
+
+
+def rounded(value: float | None, digits: int = 1) -> float | None:
+    """``value`` rounded for a record (None stays None: the field is left out)."""
+    return None if value is None else round(value, digits)
