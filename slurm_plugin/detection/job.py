@@ -5,8 +5,8 @@ spread (1.4826 x MAD, smoothed over steps, with a floor), clipped, and fed to a 
 one-sided CUSUM charts per rank and per node. The charts' references are multiples of half the
 smallest slowdown worth acting on; their thresholds split the target false-alarm ARL. Steps in
 which every rank slows down move the median, not the scores, so they cancel. A separate chart
-on data-loading time finds input stragglers; a job-level chart on the low quantile of the
-collective wait finds sync stalls.
+on data-loading time finds input stragglers; a job-level chart on the smallest collective
+wait finds sync stalls (:mod:`slurm_plugin.detection.sync`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from slurm_plugin.detection.stats import (
     row_median,
     thresholds,
 )
+from slurm_plugin.detection.sync import SyncStallChart
 
 _INPUT_H = 8.0
 
@@ -105,10 +106,7 @@ class JobDetector:
         # (node, kind) -> (when its slowdown began, step and time of its last report).
         self._episodes: dict[tuple[str, str], tuple[float, int, float]] = {}
         self._tail: _Tail | None = None
-        self._warm: list[F64] = []
-        self._base: tuple[float, float, float] | None = None
-        self._sync_s = 0.0
-        self._sync_flagged = False
+        self._sync = SyncStallChart(self.params)
         self._alpha = 1.0 - 0.5 ** (1.0 / self.params.spread_halflife_steps)
         self._order = np.argsort(self.rank_node, kind="stable")
         nodes_sorted = self.rank_node[self._order]
@@ -275,7 +273,11 @@ class JobDetector:
         window = self._window(excess_c, excess_d, z, b.ts)
         events: list[Event] = []
         events += self._straggler_events(b, rank_hit, node_hit, input_hit, k0, window)
-        events += self._sync_stall(b, med_c, warm_rows, valid_rows)
+        warm_done = self.steps_done >= (self._warm_target or 0)
+        stall = self._sync.process(b.comm, b.step_s, med_c, warm_rows, valid_rows, warm_done)
+        if stall is not None:
+            step, ts, rise_pct = int(b.steps[stall[0]]), float(b.ts[stall[0]]), stall[1]
+            events.append(SyncStallEvent(self.job_id, step, ts, rise_pct, self.attempt))
         return events
 
     # -- CUSUM banks -------------------------------------------------------------------------
@@ -462,47 +464,3 @@ class JobDetector:
             attempt=self.attempt,
             since_ts=since if math.isfinite(since) else None,
         )
-
-    # -- sync stall ----------------------------------------------------------------------------
-    def _sync_stall(
-        self, b: Block, med_c: F64, warm_rows: int, valid_rows: np.ndarray
-    ) -> list[Event]:
-        p = self.params
-        if self._sync_flagged or not np.isfinite(b.comm).any():
-            return []
-        low_comm = np.fmin.reduce(b.comm, axis=1)  # the slowest rank waits only for the transfer
-        med_step = row_median(b.step_s[:, None]) if b.step_s.ndim == 1 else row_median(b.step_s)
-        if warm_rows:
-            self._warm.append(np.c_[low_comm[:warm_rows], med_c[:warm_rows], med_step[:warm_rows]])
-        if self._base is None:
-            if self.steps_done < (self._warm_target or 0) or not self._warm:
-                return []
-            warm = np.vstack(self._warm)
-            base = row_median(warm.T)  # per column; NaN (no warning) when all-NaN
-            if not np.all(np.isfinite(base)) or base[2] <= 0:
-                return []
-            self._base = (float(base[0]), float(base[1]), float(base[2]))
-        base_comm, base_c, base_step = self._base
-        live = valid_rows.copy()
-        live[:warm_rows] = False
-        flat = np.abs(med_c / base_c - 1.0) < 0.1
-        rise = (low_comm - base_comm) / base_step
-        u = np.clip(rise / (p.sync_stall_min_rise_pct / 100.0), -1.0, 4.0) - 0.5
-        u = np.where(live & flat & np.isfinite(u), u, 0.0)
-        s = cusum(u[:, None], np.array([self._sync_s]))[:, 0]
-        if len(s):
-            self._sync_s = float(s[-1])
-        hits = np.flatnonzero(s > 0.5 * p.sync_stall_steps)
-        if not len(hits):
-            return []
-        r = int(hits[0])
-        self._sync_flagged = True
-        return [
-            SyncStallEvent(
-                job_id=self.job_id,
-                step=int(b.steps[r]),
-                ts=float(b.ts[r]),
-                wait_rise_pct=round(float(rise[r]) * 100.0, 1),
-                attempt=self.attempt,
-            )
-        ]
