@@ -32,6 +32,9 @@ from slurm_plugin.detection.stats import (
 from slurm_plugin.detection.sync import SyncStallChart
 
 _INPUT_H = 8.0
+#: A chart never holds more than this many thresholds of evidence: over it while a shift
+#: lasts, back under it within a few steps once the shift is over.
+_CAP = 2.0
 
 
 def _run_start(scores: F64, k: float) -> int:
@@ -136,7 +139,7 @@ class JobDetector:
         """Feed complete steps (in step order); return the events they raise."""
         events: list[Event] = []
         # Zero medians, empty rows and the like yield NaN/inf, which the code masks out.
-        with np.errstate(invalid="ignore", divide="ignore"):
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             for begin in range(0, len(block.steps), _MAX_ROWS):
                 part = block.rows(begin, begin + _MAX_ROWS)
                 target = self._warmup_target(part)
@@ -257,9 +260,13 @@ class JobDetector:
         ks = [k0 * 2.0**i for i in range(p.charts)]
         hs = [thresholds(k, arl) for k in ks]
 
+        # A chart raises an alarm only on a step its rank (or a rank of its node) measured: a
+        # rank gone silent while its chart is high is not reported with nothing to show.
         rank_hit = self._charts(z, ks, hs, live, self._rank_s)
-        node_z = self._node_scores(z, c)
+        rank_hit = np.where(np.isfinite(c), rank_hit, 0.0)
+        node_z, node_measured = self._node_scores(z, c)
         node_hit = self._charts(node_z, ks, hs, live, self._node_s)
+        node_hit = np.where(node_measured, node_hit, 0.0)
 
         med_d = row_median(b.data)
         excess_c = (c - med_c[:, None]) / med_c[:, None]
@@ -268,7 +275,7 @@ class JobDetector:
         u = np.where(np.isfinite(u) & live[:, None], u - 0.5, 0.0)
         input_s = cusum(u, self._input_s)
         self._input_s = input_s[-1] if rows else self._input_s
-        input_hit = input_s > _INPUT_H
+        input_hit = (input_s > _INPUT_H) & np.isfinite(b.data)
 
         window = self._window(excess_c, excess_d, z, b.ts)
         events: list[Event] = []
@@ -287,23 +294,27 @@ class JobDetector:
         ratio = np.zeros_like(scores)
         for i, (k, h) in enumerate(zip(ks, hs, strict=True)):
             inc = np.where(live[:, None], scores - k[:, None], 0.0)
-            s = cusum(inc, state[i])
+            s = cusum(inc, state[i], _CAP * h[:, None])
             if len(s):
                 state[i] = s[-1]
             ratio = np.maximum(ratio, s / np.where(h > 0, h, np.inf)[:, None])
         return ratio
 
-    def _node_scores(self, z: F64, c: F64) -> F64:
-        """Per node: sum of its ranks' scores / sqrt(reporting ranks) (N(0,1) when healthy)."""
+    def _node_scores(self, z: F64, c: F64) -> tuple[F64, np.ndarray]:
+        """Per node: sum of its ranks' scores / sqrt(reporting ranks) (N(0,1) when healthy),
+        and whether any of its ranks reported the step."""
+        shape = (z.shape[0], len(self.node_names))
         if not len(self.node_names) or not z.shape[1]:
-            return np.zeros((z.shape[0], len(self.node_names)))
+            return np.zeros(shape), np.zeros(shape, dtype=bool)
         zs = z[:, self._order]
         present = np.isfinite(c[:, self._order]).astype(np.float64)
         sums = np.add.reduceat(zs, self._node_starts, axis=1)
         counts = np.add.reduceat(present, self._node_starts, axis=1)
-        out = np.zeros((z.shape[0], len(self.node_names)))
+        out = np.zeros(shape)
         out[:, self._node_of_group] = sums / np.sqrt(np.maximum(counts, 1.0))
-        return out
+        measured = np.zeros(shape, dtype=bool)
+        measured[:, self._node_of_group] = counts > 0
+        return out, measured
 
     # -- attribution ---------------------------------------------------------------------------
     def _window(self, excess_c: F64, excess_d: F64, z: F64, ts: F64) -> _Tail:
@@ -372,8 +383,13 @@ class JobDetector:
             _, rank, node_index, scores, hit_rows = charts[i]
             node = self.node_names[node_index]
             reported = self._flagged.get((node, kind))
-            if reported is None or self._rearmed(reported, int(b.steps[row]), float(b.ts[row])):
-                event = self._attribute(b, row, kind, rank, node_index, -neg_score, k0, window)
+            due = reported is None or self._rearmed(reported, int(b.steps[row]), float(b.ts[row]))
+            event = (
+                self._attribute(b, row, kind, rank, node_index, -neg_score, k0, window)
+                if due
+                else None
+            )
+            if event is not None and math.isfinite(event.slowdown_pct):  # else nothing to show
                 event = self._same_episode(event, kind)
                 minimum = p.min_slowdown_pct if kind == "compute" else p.input_min_slowdown_pct
                 # Flagged early in a shift, the estimate (a mean since the shift began) can
@@ -387,9 +403,8 @@ class JobDetector:
                 events.append(event)
             # This chart's next chance: its first hit a re-arm period after the last report.
             later = hit_rows[hit_rows > row]
-            if len(later):
-                due = self._rearmed(reported, b.steps[later], b.ts[later])
-                later = later[due]
+            if len(later) and reported is not None:
+                later = later[self._rearmed(reported, b.steps[later], b.ts[later])]
             if len(later):
                 heapq.heappush(queue, (int(later[0]), kind, -float(scores[later[0]]), i))
         return events
@@ -433,7 +448,10 @@ class JobDetector:
         own = [rank] if rank is not None else node_ranks
         # The steps that carry the shift: since the alarming CUSUM run began.
         lo += _run_start(window.z[lo:hi][:, own].mean(axis=1), float(k0[row]))
+        excess = window.excess_data if kind == "input" else window.excess_compute
         mean_z = window.z[lo:hi][:, node_ranks].mean(axis=0)
+        # Only ranks that measured the alarming step can be named.
+        mean_z = np.where(np.isfinite(excess[at, node_ranks]), mean_z, -np.inf)
         deviating = node_ranks[mean_z > k0[row]]
         node_wide = (
             kind == "compute"
@@ -446,7 +464,6 @@ class JobDetector:
             ranks = [rank]
         else:
             ranks = [int(node_ranks[int(np.argmax(mean_z))])]
-        excess = window.excess_data if kind == "input" else window.excess_compute
         slowdown = float(np.nanmean(excess[lo:hi][:, ranks])) * 100.0
         # It began when the step before its first slow one ended.
         since = float(window.ts[lo - 1] if lo > 0 else window.ts[lo])

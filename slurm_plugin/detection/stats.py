@@ -66,14 +66,29 @@ def ewma(values: F64, alpha: float, start: float) -> F64:
     return out
 
 
-def cusum(increments: F64, start: F64) -> F64:
+def cusum(increments: F64, start: F64, cap: F64 | None = None) -> F64:
     """One-sided CUSUM S_t = max(0, S_{t-1} + Y_t) of every column, vectorised over time.
 
-    With W_t = S_0 + Y_1 + ... + Y_t: S_t = W_t - min(0, min_{j<=t} W_j).
+    With W_t = S_0 + Y_1 + ... + Y_t: S_t = W_t - min(0, min_{j<=t} W_j). With ``cap``
+    (broadcast to the rows x columns of ``increments``) S_t = min(cap_t, ...): a chart that
+    stayed over its threshold for a long time falls back under it within a few steps of the
+    end of the shift, instead of carrying the whole past. Only the columns that reach their
+    cap are run step by step.
     """
     walk = start[None, :] + np.cumsum(increments, axis=0)
     lowest = np.minimum.accumulate(walk, axis=0)
-    return walk - np.minimum(lowest, 0.0)
+    s = walk - np.minimum(lowest, 0.0)
+    if cap is None or not len(s):
+        return s
+    top = np.broadcast_to(cap, s.shape)
+    over = np.flatnonzero((s > top).any(axis=0))
+    if len(over):
+        inc, top = increments[:, over], top[:, over]
+        value = start[over]
+        for row in range(len(s)):
+            value = np.clip(value + inc[row], 0.0, top[row])
+            s[row, over] = value
+    return s
 
 
 def thresholds(k: F64, arl: float) -> F64:

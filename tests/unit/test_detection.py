@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from slurm_plugin.detection.params import (
     cusum_threshold,
     optimal_delay,
 )
+from slurm_plugin.detection.stats import cusum
 from slurm_plugin.telemetry.records import StepRecord
 from tests.scenarios.generator import JobSpec, drift, generate, step_change
 
@@ -172,6 +174,35 @@ def test_rank_missing_for_100_steps_is_tolerated() -> None:
     det.add("15", batch.take(keep))
     (event,) = _stragglers(list(det.advance(final=True)))
     assert event.ranks == [50]
+
+
+def test_a_capped_chart_is_the_recursion_and_forgets_an_old_shift() -> None:
+    """cusum with a cap equals S_t = min(cap, max(0, S_t-1 + Y_t)) step by step; after 300
+    steps of +2 the capped chart is back at 0 within cap/k steps, the uncapped one is not."""
+    rng = np.random.default_rng(1)
+    inc = np.r_[np.full(300, 2.0), np.full(100, -0.5)][:, None] + rng.normal(0, 0.1, (400, 2))
+    cap = np.full((400, 1), 10.0)
+    capped = cusum(inc, np.zeros(2), cap)
+    value = np.zeros(2)
+    for row in range(400):
+        value = np.clip(value + inc[row], 0.0, 10.0)
+        assert np.allclose(capped[row], value)
+    assert (capped[300 + 25] == 0).all()  # 10 / 0.5 = 20 steps after the shift
+    assert (cusum(inc, np.zeros(2))[-1] > 500).all()
+
+
+def test_a_flagged_rank_gone_silent_is_not_reported_with_nothing_to_show() -> None:
+    """Rank 5, 2x slow and reported, stops reporting at step 400 while the job goes on: its
+    chart is still high, but no report follows without a measurement (the demo showed one
+    with slowdown NaN); the reports it had are all finite."""
+    spec = JobSpec("s", 32, 800, seed=4, compute_slow={5: step_change(1.0, 100)})
+    batch = generate(spec)
+    det = Detector()
+    det.add("s", batch.take(~((batch.rank == 5) & (batch.step >= 400))))
+    events = _reports(list(det.advance(final=True)))
+    assert events
+    assert all(math.isfinite(e.slowdown_pct) for e in events), events
+    assert max(e.step for e in events) < 400 + 32  # the window still holds measured steps
 
 
 def test_out_of_order_and_late_records() -> None:
