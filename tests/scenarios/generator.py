@@ -91,6 +91,11 @@ def pipeline(world: int, offsets: list[float]) -> tuple[dict[int, Slowdown], dic
     return slow, labels
 
 
+def burst(extra: float, onset: int, length: int) -> Slowdown:
+    """+extra (fraction) for ``length`` steps from ``onset``, then healthy again."""
+    return lambda steps: np.where((steps >= onset) & (steps < onset + length), extra, 0.0)
+
+
 def drift(extra: float, onset: int, length: int) -> Slowdown:
     """Linear drift from 0 at ``onset`` to +extra ``length`` steps later, then flat."""
     return lambda steps: np.clip((steps - onset) / length, 0.0, 1.0) * extra

@@ -14,7 +14,7 @@ from slurm_plugin.backtest import infer_attempts
 from slurm_plugin.cli.main import cli
 from slurm_plugin.errors import TraceError
 from slurm_plugin.trace import read_trace
-from tests.scenarios.generator import JobSpec, generate, step_change, write_csv
+from tests.scenarios.generator import JobSpec, burst, generate, step_change, write_csv
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = "job_id,rank,node,gpu,step,ts,step_s,compute_s,comm_s,data_s\n"
@@ -174,3 +174,20 @@ def test_the_actions_are_the_services_decisions(tmp_path: Path) -> None:
         cli, ["backtest", str(path), "--json", "--policy", str(REPO / "policies/observe.toml")]
     )
     assert {d["action"] for d in json.loads(observe.stdout)["detections"]} == {"none"}
+
+
+def test_a_burst_of_six_steps_is_reported_and_never_evicted(tmp_path: Path) -> None:
+    """Issue 14: a node 3x slow for 6 steps (~1 s each), then healthy, in a 10-minute job:
+    the backtest reports it and, with the shipped `evict` policy, decides no eviction."""
+    slow = dict.fromkeys(range(8, 16), burst(2.0, 200, 6))
+    batch = generate(JobSpec("71", 64, 600, compute_s=0.9, seed=4, compute_slow=slow))
+    path = tmp_path / "burst.csv"
+    write_csv([("71", batch)], str(path))
+    result = CliRunner().invoke(
+        cli, ["backtest", str(path), "--json", "--policy", str(REPO / "policies/evict.toml")]
+    )
+    assert result.exit_code == 0, result.output
+    detections = [d for d in json.loads(result.stdout)["detections"] if d["kind"] == "straggler"]
+    assert {d["node"] for d in detections} == {"n0001"}, detections
+    assert [d["action"] for d in detections] == ["annotate"] * len(detections)
+    assert detections[0]["lasted_s"] < 15  # seconds old when reported
