@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from slurm_plugin.demo.run import DemoRun
+from slurm_plugin.demo.run import SLOW_NODE, DemoRun
 
 #: Columns of the heatmap: the run's duration is cut into this many time bins.
 _BINS = 160
@@ -45,7 +45,11 @@ def event_times(run: DemoRun) -> dict[str, float]:
     out: dict[str, float] = {}
     if run.onset_ts is not None:
         out["onset"] = run.onset_ts - run.started
-    detected = [float(d["detected_ts"]) for d in run.decisions if d.get("detected_ts")]
+    detected = [
+        float(d["detected_ts"])
+        for d in run.decisions
+        if d.get("detected_ts") and d.get("node") == SLOW_NODE
+    ]
     if detected:
         out["detection"] = min(detected) - run.started
     held = [float(d["held_ts"]) for d in run.decisions if d.get("held_ts")]
