@@ -31,9 +31,15 @@ NOISE = 0.01  # per-rank compute noise: 1 % of the step's compute (sigma)
 
 
 def _detect(spec: JobSpec, params: DetectionParams) -> list[StragglerEvent]:
+    """The alarms of a job: the first report of each node and cause (a node still slow is
+    reported again every re-arm period; that is the same alarm going on, not a new one)."""
     det = Detector(params)
     det.add(spec.job_id, generate(spec))
-    return [e for e in det.advance(final=True) if isinstance(e, StragglerEvent)]
+    firsts: dict[tuple[str, str], StragglerEvent] = {}
+    for e in det.advance(final=True):
+        if isinstance(e, StragglerEvent):
+            firsts.setdefault((e.node, e.cause), e)
+    return list(firsts.values())
 
 
 def shift_table(seeds: int) -> tuple[list[list[object]], float]:
