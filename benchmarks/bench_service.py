@@ -2,7 +2,9 @@
 
 The Slurm side is a static stand-in (1,000 ranks on 125 nodes cannot run on this machine);
 Redis, the telemetry path, detection and the decision path are the real ones. Run with the dev
-cluster up: ``python -m benchmarks.bench_service``.
+cluster up, against an empty Redis database (it refuses any other):
+``STRAGGLER_REDIS_URL=redis://127.0.0.1:16379/14 python -m benchmarks.bench_service``.
+At the end it deletes the keys it wrote (the database was empty before), never anything else.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import redis
 
-from benchmarks._common import machine, table
+from benchmarks._common import machine, redis_url, table
 from slurm_plugin.config import Settings
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import ServiceState
@@ -22,7 +24,6 @@ from slurm_plugin.slurm.model import JobInfo, NodeInfo
 from slurm_plugin.telemetry.records import encode_steps
 from slurm_plugin.telemetry.store import TelemetryStore, connect
 
-URL = "redis://127.0.0.1:16379/14"
 RANKS, PER_NODE, JOB = 1000, 8, "424242"
 NODES = [f"gpu{i:03d}" for i in range(RANKS // PER_NODE)]
 
@@ -80,11 +81,25 @@ class StaticScheduler:
 
 
 def main() -> None:
-    redis.Redis.from_url(URL).flushdb()
-    store = TelemetryStore(connect(URL))
-    settings = Settings(redis_url=URL, policy_dir=Path(__file__).resolve().parents[1] / "policies")
+    url = redis_url()
+    client = redis.Redis.from_url(url)
+    if client.dbsize():
+        raise SystemExit(
+            f"the Redis database of STRAGGLER_REDIS_URL ({url}) is not empty; point it at an "
+            "empty one (the benchmark runs a service there and deletes what it wrote)"
+        )
+    try:
+        run(url)
+    finally:
+        for key in client.scan_iter(count=1000):  # all ours: the database was empty
+            client.delete(key)
+
+
+def run(url: str) -> None:
+    store = TelemetryStore(connect(url))
+    settings = Settings(redis_url=url, policy_dir=Path(__file__).resolve().parents[1] / "policies")
     scheduler = StaticScheduler()
-    service = Service(settings, scheduler, ServiceState(connect(URL, decode=True)), store)
+    service = Service(settings, scheduler, ServiceState(connect(url, decode=True)), store)
     step, cycles, records = 0, [], []
     t0 = time.time()
     for second in range(40):
@@ -130,7 +145,6 @@ def main() -> None:
             ],
         )
     )
-    redis.Redis.from_url(URL).flushdb()
 
 
 if __name__ == "__main__":

@@ -147,6 +147,7 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
         k.removeprefix("ignored_"): int(v) for k, v in known.items() if k.startswith("ignored_")
     }
     structure = _structure(known.get("structure"))
+    lost = int(known.get("steps_lost", "0") or 0)
     if as_json:
         emit_json(
             {
@@ -154,6 +155,7 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
                 "decisions": decisions,
                 "ignored_records": ignored,
                 "structure": structure,
+                "steps_entries_lost": lost,
             }
         )
         return
@@ -189,6 +191,11 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
     if ignored:
         counts = ", ".join(f"{n} {reason}" for reason, n in sorted(ignored.items()))
         click.echo(f"\nrecords not believed (evidence rules): {counts}")
+    if lost:
+        click.echo(
+            f"\nsteps entries lost (trimmed before the service read them): {lost} "
+            "(each one rank's flush)"
+        )
     for group in structure:
         nodes = ",".join(printable(str(n)) for n in group.get("nodes", []))
         click.echo(

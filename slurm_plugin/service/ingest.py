@@ -67,17 +67,39 @@ class Ingest:
 
     def steps(self, job: JobInfo, detector: Detector) -> tuple[Kept, int]:
         """Feed the job's new, believed records to ``detector``; returns what was kept and how
-        many records the evidence rules dropped."""
-        cursor = self.state.job(job.job_id).get("steps_cursor", "0-0")
-        records = []
+        many records the evidence rules dropped. Entries trimmed from the stream before they
+        were read are counted (never lost silently)."""
+        known = self.state.job(job.job_id)
+        cursor = known.get("steps_cursor", "0-0")
+        mark = self.store.steps_mark(job.job_id)  # first: the read below stops at its id
+        records, entries = [], 0
         for _ in range(MAX_ENTRIES_PER_JOB // 1000):
-            page = self.store.read_steps(job.job_id, cursor, count=1000)
+            page = self.store.read_steps(
+                job.job_id, cursor, count=1000, until=mark.last_id if mark else "+"
+            )
             records += page.records
+            entries += page.entries
             if page.last_id == cursor:
                 break
             cursor = page.last_id
+        read = int(known.get("steps_read", "0") or 0) + entries
+        update = {"steps_cursor": cursor, "steps_read": str(read)}
+        if mark is not None and cursor == mark.last_id:  # caught up: the rest was trimmed
+            lost = max(0, mark.added - read)
+            before = int(known.get("steps_lost", "0") or 0)
+            if lost > before:
+                update["steps_lost"] = str(lost)
+                self.metrics.lost.inc(lost - before)
+                log.warning(
+                    "service.steps_lost",
+                    job_id=job.job_id,
+                    entries=lost - before,
+                    total=lost,
+                    hint="the service fell further behind than the stream keeps (60 s of "
+                    "every rank's flushes): see the cycle time in `straggler status`",
+                )
         kept, dropped = self.evidence.filter(job, records)
-        self.state.update_job(job.job_id, steps_cursor=cursor)
+        self.state.update_job(job.job_id, **update)
         if dropped:
             self.state.count_ignored(job.job_id, dropped)
             for reason, count in dropped.items():

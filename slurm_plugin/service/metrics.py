@@ -38,6 +38,7 @@ class Metrics:
         self.decision_seconds: Any = null
         self.errors: Any = null
         self.ignored: Any = null
+        self.lost: Any = null
         if not port:
             return
         try:
@@ -67,6 +68,12 @@ class Metrics:
             "straggler_records_ignored_total",
             "Telemetry records not believed (evidence rules)",
             ["reason"],
+            registry=registry,
+        )
+        self.lost = prom.Counter(
+            "straggler_steps_entries_lost_total",
+            "Steps entries (one rank's flush each) trimmed from a job's stream before the "
+            "service read them",
             registry=registry,
         )
         prom.start_http_server(port, registry=registry)

@@ -146,6 +146,17 @@ class StepsPage:
     records: list[StepRecord]
     last_id: str
     malformed: int
+    #: Stream entries read (each one rank's flush of several steps).
+    entries: int = 0
+
+
+@dataclass(frozen=True)
+class StreamMark:
+    """Where a job's steps stream stands: its newest entry id and how many entries it has
+    ever had (trimmed ones included)."""
+
+    last_id: str
+    added: int
 
 
 class TelemetryStore:
@@ -221,11 +232,26 @@ class TelemetryStore:
         pipe.execute()
 
     # -- reading ---------------------------------------------------------------------------
-    def read_steps(self, job_id: str, after: str = "0-0", count: int = 5000) -> StepsPage:
-        """Entries after stream id ``after`` (exclusive), decoded."""
+    def steps_mark(self, job_id: str) -> StreamMark | None:
+        """The steps stream's newest id and entries ever added; None when it does not exist
+        yet or the server does not say (Redis before 7.0)."""
+        try:
+            info = cast("dict[Any, Any]", self.client.xinfo_stream(keys.job_steps(job_id)))
+        except redis.ResponseError:  # no such key
+            return None
+        added = info.get("entries-added", info.get(b"entries-added"))
+        last = info.get("last-generated-id", info.get(b"last-generated-id"))
+        if added is None or last is None:
+            return None
+        return StreamMark(last.decode() if isinstance(last, bytes) else str(last), int(added))
+
+    def read_steps(
+        self, job_id: str, after: str = "0-0", count: int = 5000, until: str = "+"
+    ) -> StepsPage:
+        """Entries after stream id ``after`` (exclusive) up to ``until`` (inclusive), decoded."""
         entries = cast(
             "list[tuple[bytes, dict[bytes, bytes]]]",
-            self.client.xrange(keys.job_steps(job_id), min=f"({after}", count=count),
+            self.client.xrange(keys.job_steps(job_id), min=f"({after}", max=until, count=count),
         )
         records: list[StepRecord] = []
         malformed = 0
@@ -237,7 +263,7 @@ class TelemetryStore:
             except TelemetryError as exc:
                 malformed += 1
                 log.warning("telemetry.malformed_entry", job_id=job_id, entry=last, error=str(exc))
-        return StepsPage(records, last, malformed)
+        return StepsPage(records, last, malformed, len(entries))
 
     def latest_steps(self, job_id: str, entries: int = 5000) -> list[StepRecord]:
         """The records of the newest ``entries`` stream entries (each one rank's batch), for a
