@@ -22,9 +22,14 @@ from slurm_plugin.telemetry import credentials
 from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)
-#: Steps entries read per job per cycle: bounds one cycle after a backlog (a restart) while a
-#: 16k-rank job at 1 step/s (32k entries per 2 s cycle) keeps up with room to spare.
+#: Steps entries read per job per cycle when the stream does not say how many are waiting
+#: (Redis before 7.0): a 16k-rank job at 1 step/s (32k entries per 2 s cycle) keeps up.
 MAX_ENTRIES_PER_JOB = 100_000
+#: When it does, a cycle reads the whole backlog, up to this bound: the read follows the job's
+#: size and the interval, so no job falls behind while the service keeps up.
+MAX_BACKLOG_PER_JOB = 2_000_000
+#: Entries per XRANGE page.
+PAGE = 5000
 
 
 @dataclass(frozen=True)
@@ -72,17 +77,21 @@ class Ingest:
         known = self.state.job(job.job_id)
         cursor = known.get("steps_cursor", "0-0")
         mark = self.store.steps_mark(job.job_id)  # first: the read below stops at its id
+        done = int(known.get("steps_read", "0") or 0)
+        limit = MAX_ENTRIES_PER_JOB
+        if mark is not None:
+            limit = min(MAX_BACKLOG_PER_JOB, max(limit, mark.added - done))
         records, entries = [], 0
-        for _ in range(MAX_ENTRIES_PER_JOB // 1000):
+        for _ in range(-(-limit // PAGE)):
             page = self.store.read_steps(
-                job.job_id, cursor, count=1000, until=mark.last_id if mark else "+"
+                job.job_id, cursor, count=PAGE, until=mark.last_id if mark else "+"
             )
             records += page.records
             entries += page.entries
             if page.last_id == cursor:
                 break
             cursor = page.last_id
-        read = int(known.get("steps_read", "0") or 0) + entries
+        read = done + entries
         update = {"steps_cursor": cursor, "steps_read": str(read)}
         if mark is not None and cursor == mark.last_id:  # caught up: the rest was trimmed
             lost = max(0, mark.added - read)

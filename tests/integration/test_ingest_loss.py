@@ -59,3 +59,22 @@ def test_entries_trimmed_before_they_were_read_are_counted(private_redis: RedisS
     ingest.steps(job, detector)
     assert state.job(job.job_id)["steps_lost"] == known["steps_lost"]
     assert int(state.job(job.job_id)["steps_read"]) == int(known["steps_read"]) + 10
+
+
+def test_a_backlog_larger_than_the_old_cap_is_read_in_one_cycle(
+    private_redis: RedisServer,
+) -> None:
+    """150,000 entries waiting (a 75k-rank job after one 2 s cycle): one cycle reads them all
+    (the fixed cap was 100,000 entries per job per cycle) and nothing is counted lost."""
+    raw = redis.Redis.from_url(private_redis.url)
+    store = TelemetryStore(raw)
+    state = ServiceState(redis.Redis.from_url(private_redis.url, decode_responses=True))
+    ingest = Ingest(state, store, Metrics())
+    job = running_job(FakeClock())
+    for first in range(0, 150_000, 10_000):
+        _publish(store, job, first, 10_000, maxlen=1_000_000)
+    kept, _ = ingest.steps(job, Detector())
+    known = state.job(job.job_id)
+    assert known["steps_read"] == "150000"
+    assert known.get("steps_lost") is None
+    assert kept.records == 150_000
