@@ -24,6 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -45,8 +46,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def produce(url: str, ranks: int, seconds: float, start: float) -> None:
-    """Publish one step per rank per second until ``seconds`` have passed."""
+def produce(url: str, ranks: int, seconds: float, start: float, published: Any) -> None:
+    """Publish one step per rank per second until ``seconds`` have passed; counts the
+    records Redis accepted in ``published`` (a shared integer)."""
     store = TelemetryStore(connect(url, timeout_s=10))
     maxlen = keys.steps_maxlen(ranks, 1.0)
     rng = random.Random(7)  # noqa: S311 - noise, not cryptography
@@ -61,6 +63,7 @@ def produce(url: str, ranks: int, seconds: float, start: float) -> None:
             entries.append(encode_steps(rank, f"gpu{rank // PER_NODE:05d}", rank % 8, 0, [raw]))
         for i in range(0, len(entries), 4096):
             store.publish(JOB, entries[i : i + 4096], steps_maxlen=maxlen)
+            published.value += len(entries[i : i + 4096])  # one record per entry here
         step += 1
         time.sleep(max(0.0, start + step - time.time()))
 
@@ -103,8 +106,9 @@ def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
 def run_service(
     service: Service, admin: redis.Redis, start: float, until: float, interval: float
 ) -> Observed:
-    """Cycle like `straggler serve` until ``until``; sample Redis every fifth cycle; event
-    times are seconds since the producer's ``start``."""
+    """Cycle like `straggler serve` until ``until``; after every cycle sample how far the
+    service is behind the stream, Redis memory and the stream's length; event times are
+    seconds since the producer's ``start``."""
     seen = Observed()
     while time.time() < until:
         began = time.time()
@@ -114,17 +118,26 @@ def run_service(
         seen.cycles.append(report.duration_s)
         seen.records += report.records
         seen.events += [(began - start, str(e.get("node")), e.get("ranks")) for e in report.events]
-        if len(seen.cycles) % 5 == 0:
-            seen.memory.append(int(admin.info("memory")["used_memory"]))
-            seen.lengths.append(int(admin.xlen(keys.job_steps(JOB))))
-            last = admin.xinfo_stream(keys.job_steps(JOB))["last-generated-id"]
-            cursor = service.state.job(JOB).get("steps_cursor", "0-0")
-            seen.lag_ms.append(int(last.decode().split("-")[0]) - int(cursor.split("-")[0]))
+        if not admin.exists(keys.job_steps(JOB)):  # nothing published yet
+            time.sleep(max(0.0, interval - (time.time() - began)))
+            continue
+        seen.memory.append(int(admin.info("memory")["used_memory"]))
+        seen.lengths.append(int(admin.xlen(keys.job_steps(JOB))))
+        last = admin.xinfo_stream(keys.job_steps(JOB))["last-generated-id"]
+        cursor = service.state.job(JOB).get("steps_cursor", "0-0")
+        seen.lag_ms.append(int(last.decode().split("-")[0]) - int(cursor.split("-")[0]))
         time.sleep(max(0.0, interval - (time.time() - began)))
     return seen
 
 
-def report(seen: Observed, args: argparse.Namespace, base_memory: int, calls: list[str]) -> str:
+def report(
+    seen: Observed,
+    args: argparse.Namespace,
+    base_memory: int,
+    calls: list[str],
+    published: int,
+    lost: int,
+) -> str:
     """The figures as a Markdown table."""
     ordered = sorted(seen.cycles)
     median, p95 = statistics.median(ordered), ordered[int(len(ordered) * 0.95)]
@@ -136,10 +149,8 @@ def report(seen: Observed, args: argparse.Namespace, base_memory: int, calls: li
         [
             ["ranks x rate x duration", f"{args.ranks:,} x 1 step/s x {args.seconds:.0f} s"],
             ["service interval", f"{args.interval:g} s"],
-            [
-                "records published / ingested",
-                f"{args.ranks * int(args.seconds):,} / {seen.records:,}",
-            ],
+            ["records published / ingested", f"{published:,} / {seen.records:,}"],
+            ["steps entries lost (trimmed before read)", f"{lost:,}"],
             [
                 "service cycle median / p95 / max",
                 f"{median * 1000:.0f} / {p95 * 1000:.0f} / {ordered[-1] * 1000:.0f} ms",
@@ -180,17 +191,19 @@ def main() -> None:
         settings, scheduler, ServiceState(connect(url, decode=True)), TelemetryStore(connect(url))
     )
     start = time.time() + 1.0
-    producer = mp.Process(target=produce, args=(url, args.ranks, args.seconds, start))
+    published = mp.Value("q", 0)
+    producer = mp.Process(target=produce, args=(url, args.ranks, args.seconds, start, published))
     producer.start()
     try:
         seen = run_service(service, admin, start, start + args.seconds + 2, args.interval)
+        lost = int(service.state.job(JOB).get("steps_lost", "0") or 0)
     finally:
         producer.join(timeout=30)
         server.terminate()
         server.wait(timeout=30)
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"machine: {machine()}")
-    print(report(seen, args, base_memory, scheduler.calls))
+    print(report(seen, args, base_memory, scheduler.calls, int(published.value), lost))
 
 
 if __name__ == "__main__":
