@@ -19,7 +19,7 @@ from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.model import JobInfo
 from slurm_plugin.telemetry import credentials
-from slurm_plugin.telemetry.store import TelemetryStore
+from slurm_plugin.telemetry.store import Seen, TelemetryStore
 
 log = structlog.get_logger(__name__)
 #: Steps entries read per job per cycle when the stream does not say how many are waiting
@@ -50,12 +50,14 @@ class Ingest:
         self.evidence = EvidenceFilter()
         self._last_sweep = 0.0
         self._structure_noted: dict[str, int] = {}  # job id -> attempt whose structure is noted
+        self._seen: dict[str, Seen] = {}  # job id -> the flush ids read (repeats are skipped)
 
     def forget_all_but(self, running: Iterable[str]) -> None:
         """Drop what is kept in memory for jobs no longer running."""
         keep = set(running)
         self.evidence.forget_all_but(keep)
         self._structure_noted = {j: a for j, a in self._structure_noted.items() if j in keep}
+        self._seen = {j: s for j, s in self._seen.items() if j in keep}
 
     def note_structure(self, job: JobInfo, detectors: Iterable[Detector]) -> None:
         """Once per attempt: what the job's detector took for structure (ranks that compute
@@ -81,18 +83,24 @@ class Ingest:
         limit = MAX_ENTRIES_PER_JOB
         if mark is not None:
             limit = min(MAX_BACKLOG_PER_JOB, max(limit, mark.added - done))
-        records, entries = [], 0
+        records, entries, repeats = [], 0, 0
+        seen = self._seen.setdefault(job.job_id, {})
         for _ in range(-(-limit // PAGE)):
             page = self.store.read_steps(
-                job.job_id, cursor, count=PAGE, until=mark.last_id if mark else "+"
+                job.job_id, cursor, count=PAGE, until=mark.last_id if mark else "+", seen=seen
             )
             records += page.records
             entries += page.entries
+            repeats += page.repeats
             if page.last_id == cursor:
                 break
             cursor = page.last_id
         read = done + entries
         update = {"steps_cursor": cursor, "steps_read": str(read)}
+        if repeats:  # a flush retried after Redis had stored it: read once, counted here
+            total = int(known.get("steps_repeats", "0") or 0) + repeats
+            update["steps_repeats"] = str(total)
+            log.info("service.steps_repeated", job_id=job.job_id, entries=repeats, total=total)
         if mark is not None and cursor == mark.last_id:  # caught up: the rest was trimmed
             lost = max(0, mark.added - read)
             before = int(known.get("steps_lost", "0") or 0)

@@ -20,6 +20,7 @@ from slurm_plugin.errors import TelemetryError
 MAX_STEPS_PER_ENTRY = 10_000
 _MISSING = "-"
 _GROUP = re.compile(r"[A-Za-z0-9_.:=/+-]{1,64}")
+_FLUSH = re.compile(r"([0-9a-f]{16})\.([0-9]{1,18})")
 
 # One raw step as the reporter buffers it: (step, ts, step_s, compute_s, comm_s, data_s).
 RawStep = tuple[int, float, float, float | None, float | None, float | None]
@@ -70,10 +71,18 @@ def _fmt(value: float | None) -> str:
 
 
 def encode_steps(
-    rank: int, node: str, gpu: int, attempt: int, raws: Sequence[RawStep], group: str = ""
+    rank: int,
+    node: str,
+    gpu: int,
+    attempt: int,
+    raws: Sequence[RawStep],
+    group: str = "",
+    *,
+    flush: str = "",
 ) -> dict[str, str]:
     """The stream fields for one rank's batch of (already validated) steps; ``group`` (the
-    rank's peer group) only when there is one."""
+    rank's peer group) and ``flush`` (the entry's id from its reporter: session.sequence)
+    only when there is one."""
     lines = "\n".join(
         f"{s} {ts:.6f} {_fmt(a)} {_fmt(b)} {_fmt(c)} {_fmt(d)}" for s, ts, a, b, c, d in raws
     )
@@ -87,7 +96,16 @@ def encode_steps(
     }
     if group:
         fields["group"] = check_group(group)
+    if flush:
+        fields["flush"] = flush
     return fields
+
+
+def flush_id(fields: Mapping[str, str]) -> tuple[str, int] | None:
+    """An entry's (session, sequence) from its ``flush`` field; None when it has none or a
+    malformed one (such an entry is never taken for a repeat)."""
+    match = _FLUSH.fullmatch(fields.get("flush", ""))
+    return (match[1], int(match[2])) if match else None
 
 
 def check_group(group: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 import socket
 import threading
 import time
@@ -145,7 +146,14 @@ class StepReporter:
         self._cap = buffer_records
         self._buf: deque[tuple[Any, ...]] = deque(maxlen=buffer_records)
         self._events: deque[dict[str, Any]] = deque(maxlen=1000)
-        self._pending: list[RawStep] = []
+        # Encoded entries not yet stored, with their record counts: a failed flush is sent
+        # again as it was (encoded once, same flush ids), never re-encoded or stored twice.
+        self._pending: list[tuple[dict[str, str], int]] = []
+        # The flush id of each entry: this reporter's random session and a sequence number;
+        # the service drops an entry whose id it has already read (a retried flush that Redis
+        # had stored before the client gave up on it).
+        self._session = secrets.token_hex(8)
+        self._seq = 0
         self._interval = flush_interval_s
         self._steps_maxlen = keys.steps_maxlen(world_size, flush_interval_s) if world_size else None
         self._backoff = backoff_s
@@ -319,8 +327,7 @@ class StepReporter:
                 delay = min(self._backoff[1], max(self._backoff[0], delay * 2))
 
     def _drain(self) -> list[RawStep]:
-        batch = self._pending
-        self._pending = []
+        batch: list[RawStep] = []
         buf = self._buf
         invalid_before = self.invalid
         while buf:
@@ -338,25 +345,46 @@ class StepReporter:
                 dropped_total=self.invalid,
                 detail="step must be an integer >= 0; durations finite and >= 0",
             )
-        overflow = len(batch) - self._cap
-        if overflow > 0:
-            del batch[:overflow]
-            self.dropped += overflow
         return batch
 
+    def _encode(self, batch: list[RawStep]) -> list[tuple[dict[str, str], int]]:
+        """``batch`` as steps entries, each with its own flush id."""
+        entries = []
+        for i in range(0, len(batch), _STEPS_PER_ENTRY):
+            chunk = batch[i : i + _STEPS_PER_ENTRY]
+            self._seq += 1
+            flush = f"{self._session}.{self._seq}"
+            fields = encode_steps(
+                self.rank, self.node, self.gpu, self.attempt, chunk, self.group, flush=flush
+            )
+            entries.append((fields, len(chunk)))
+        return entries
+
+    def _bounded(
+        self, entries: list[tuple[dict[str, str], int]]
+    ) -> list[tuple[dict[str, str], int]]:
+        """Keep at most ``buffer_records`` records, the newest; count the rest as dropped."""
+        held = sum(n for _, n in entries)
+        while entries and held > self._cap:
+            _, n = entries.pop(0)
+            held -= n
+            self.dropped += n
+        return entries
+
     def _flush_once(self) -> bool:
-        batch = self._drain()
+        pending = self._bounded(self._pending + self._encode(self._drain()))
+        self._pending = []
         events = list(self._events)
         self._events.clear()
         lost = self.dropped - self._dropped_reported
-        if not batch and not events and not lost:
+        if not pending and not events and not lost:
             return True
         if self._store is None:
             assert self._store_factory is not None  # noqa: S101 - enabled implies a factory
             try:
                 self._store = self._store_factory()
             except StragglerError as exc:
-                return self._failed(batch, events, exc)
+                return self._failed(pending, events, exc)
         now = time.monotonic()
         refresh = now - self._last_ttl_refresh > _TTL_REFRESH_S
         if lost:
@@ -370,26 +398,20 @@ class StepReporter:
                     "invalid": self.invalid,
                 }
             )
-        entries = [
-            encode_steps(
-                self.rank,
-                self.node,
-                self.gpu,
-                self.attempt,
-                batch[i : i + _STEPS_PER_ENTRY],
-                self.group,
-            )
-            for i in range(0, len(batch), _STEPS_PER_ENTRY)
-        ]
         try:
             self._store.publish(
-                self.job_id, entries, events, refresh_ttl=refresh, steps_maxlen=self._steps_maxlen
+                self.job_id,
+                [fields for fields, _ in pending],
+                events,
+                refresh_ttl=refresh,
+                steps_maxlen=self._steps_maxlen,
             )
         except StragglerError as exc:
-            return self._failed(batch, [e for e in events if e["name"] != "telemetry_dropped"], exc)
+            kept = [e for e in events if e["name"] != "telemetry_dropped"]
+            return self._failed(pending, kept, exc)
         if refresh:
             self._last_ttl_refresh = now
-        self.published += len(batch)
+        self.published += sum(n for _, n in pending)
         self._dropped_reported += lost
         if self._redis_down:
             self._redis_down = False
@@ -402,8 +424,13 @@ class StepReporter:
             )
         return True
 
-    def _failed(self, batch: list[RawStep], events: list[dict[str, Any]], exc: Exception) -> bool:
-        self._pending = batch
+    def _failed(
+        self,
+        pending: list[tuple[dict[str, str], int]],
+        events: list[dict[str, Any]],
+        exc: Exception,
+    ) -> bool:
+        self._pending = pending
         for event in reversed(events):
             self._events.appendleft(event)
         if not self._redis_down:
@@ -413,7 +440,7 @@ class StepReporter:
                 job_id=self.job_id,
                 rank=self.rank,
                 error=str(exc),
-                buffered=len(batch),
+                buffered=sum(n for _, n in pending),
             )
         return False
 

@@ -25,6 +25,7 @@ from slurm_plugin.telemetry.records import (
     decode_json_entry,
     decode_steps,
     encode_json_entry,
+    flush_id,
     to_text,
 )
 
@@ -148,6 +149,13 @@ class StepsPage:
     malformed: int
     #: Stream entries read (each one rank's flush of several steps).
     entries: int = 0
+    #: Entries skipped as repeats of an entry already read (a retried flush stored twice).
+    repeats: int = 0
+
+
+#: Per (rank, reporter session): the highest flush sequence read. A reporter's entries reach
+#: the stream in sequence order, so an entry at or below it is a repeat.
+Seen = dict[tuple[str, str], int]
 
 
 @dataclass(frozen=True)
@@ -246,24 +254,39 @@ class TelemetryStore:
         return StreamMark(last.decode() if isinstance(last, bytes) else str(last), int(added))
 
     def read_steps(
-        self, job_id: str, after: str = "0-0", count: int = 5000, until: str = "+"
+        self,
+        job_id: str,
+        after: str = "0-0",
+        count: int = 5000,
+        until: str = "+",
+        seen: Seen | None = None,
     ) -> StepsPage:
-        """Entries after stream id ``after`` (exclusive) up to ``until`` (inclusive), decoded."""
+        """Entries after stream id ``after`` (exclusive) up to ``until`` (inclusive), decoded;
+        with ``seen`` (kept by the caller across pages), repeats of entries already read are
+        skipped and counted."""
         entries = cast(
             "list[tuple[bytes, dict[bytes, bytes]]]",
             self.client.xrange(keys.job_steps(job_id), min=f"({after}", max=until, count=count),
         )
         records: list[StepRecord] = []
-        malformed = 0
+        malformed = repeats = 0
         last = after
-        for entry_id, fields in entries:
+        for entry_id, raw in entries:
             last = entry_id.decode()
+            fields = to_text(raw)  # type: ignore[arg-type]
+            flush = flush_id(fields) if seen is not None else None
+            if seen is not None and flush is not None:
+                key = (fields.get("rank", ""), flush[0])
+                if flush[1] <= seen.get(key, -1):
+                    repeats += 1
+                    continue
+                seen[key] = flush[1]
             try:
-                records.extend(decode_steps(job_id, to_text(fields)))  # type: ignore[arg-type]
+                records.extend(decode_steps(job_id, fields))
             except TelemetryError as exc:
                 malformed += 1
                 log.warning("telemetry.malformed_entry", job_id=job_id, entry=last, error=str(exc))
-        return StepsPage(records, last, malformed, len(entries))
+        return StepsPage(records, last, malformed, len(entries), repeats)
 
     def latest_steps(self, job_id: str, entries: int = 5000) -> list[StepRecord]:
         """The records of the newest ``entries`` stream entries (each one rank's batch), for a
@@ -281,8 +304,9 @@ class TelemetryStore:
     def iter_steps(self, job_id: str, chunk: int = 5000) -> Iterator[StepRecord]:
         """Every step record of the job, oldest entry first."""
         after = "0-0"
+        seen: Seen = {}
         while True:
-            page = self.read_steps(job_id, after, chunk)
+            page = self.read_steps(job_id, after, chunk, seen=seen)
             yield from page.records
             if page.last_id == after:
                 return

@@ -1,7 +1,11 @@
-"""Issue 17, never lose silently: steps entries trimmed from a job's stream before the service
-read them are counted (job state, log, metric), on a real redis-server."""
+"""Issue 17 on a real redis-server: steps entries trimmed before the service read them are
+counted (never lost silently), a backlog is read whole, and a flush stored twice is read once."""
 
 from __future__ import annotations
+
+import threading
+import time
+from typing import Any, cast
 
 import redis
 
@@ -12,7 +16,8 @@ from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.model import JobInfo
 from slurm_plugin.telemetry import keys
 from slurm_plugin.telemetry.records import encode_steps
-from slurm_plugin.telemetry.store import TelemetryStore
+from slurm_plugin.telemetry.reporter import StepReporter
+from slurm_plugin.telemetry.store import TelemetryStore, connect
 from slurm_plugin.testing import FakeClock
 from tests.integration.conftest import RedisServer
 from tests.integration.test_control_loop import running_job
@@ -78,3 +83,55 @@ def test_a_backlog_larger_than_the_old_cap_is_read_in_one_cycle(
     assert known["steps_read"] == "150000"
     assert known.get("steps_lost") is None
     assert kept.records == 150_000
+
+
+def test_a_flush_redis_stored_before_the_client_gave_up_is_read_once(
+    private_redis: RedisServer,
+) -> None:
+    """Issue 17: Redis stalls (DEBUG SLEEP 2) past the reporter's 0.5 s timeout while a
+    flush waits in its socket; Redis then stores it, the reporter retries it and it is in the
+    stream twice. The retry is the same entries (same flush ids), so the service and `export`
+    read every step once and count the repeats."""
+    private_redis.stop()
+    private_redis.start("--enable-debug-command", "local")
+    url = private_redis.url
+    reporter = StepReporter(
+        "5",
+        0,
+        "node1",
+        store_factory=lambda: TelemetryStore(connect(url, timeout_s=0.5, retries=0)),
+        flush_interval_s=0.2,
+        backoff_s=(0.2, 0.5),
+    )
+    admin = redis.Redis.from_url(url)
+    try:
+        for step in range(50):
+            reporter.record(step, 0.1, compute_s=0.08)
+        assert reporter.flush(timeout_s=5)
+        stall = threading.Thread(
+            target=lambda: cast("Any", redis.Redis.from_url(url)).execute_command(
+                "DEBUG", "SLEEP", "2"
+            )
+        )
+        stall.start()
+        time.sleep(0.1)  # Redis is asleep: the next flush times out after it was sent
+        for step in range(50, 100):
+            reporter.record(step, 0.1, compute_s=0.08)
+        stall.join()
+        assert reporter.flush(timeout_s=10)
+    finally:
+        reporter.close(timeout_s=5)
+    stream = keys.job_steps("5")
+    entries = cast("list[tuple[bytes, dict[bytes, bytes]]]", admin.xrange(stream))
+    steps = [
+        int(line.split()[0]) for _, fields in entries for line in fields[b"steps"].split(b"\n")
+    ]
+    assert len(steps) > 100, "no flush was stored twice: the stall did not hit a flush"
+
+    state = ServiceState(redis.Redis.from_url(url, decode_responses=True))
+    ingest = Ingest(state, TelemetryStore(admin), Metrics())
+    kept, _ = ingest.steps(running_job(FakeClock()), Detector())
+    assert kept.records == 100
+    assert int(state.job("5")["steps_repeats"]) >= 1
+    exported = sorted(r.step for r in TelemetryStore(admin).iter_steps("5"))
+    assert exported == list(range(100))
