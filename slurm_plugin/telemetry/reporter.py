@@ -18,6 +18,7 @@ import tomllib
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -36,6 +37,15 @@ _STEPS_PER_ENTRY = 100
 _TTL_REFRESH_S = 300.0
 _live: weakref.WeakSet[StepReporter] = weakref.WeakSet()
 _disabled_logged = False
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A steps entry waiting to be stored: its fields, its steps and its flush id."""
+
+    fields: dict[str, str]
+    raws: list[RawStep]
+    flush: str
 
 
 def _noop(*_args: Any, **_kwargs: Any) -> None:
@@ -148,7 +158,7 @@ class StepReporter:
         self._events: deque[dict[str, Any]] = deque(maxlen=1000)
         # Encoded entries not yet stored, with their record counts: a failed flush is sent
         # again as it was (encoded once, same flush ids), never re-encoded or stored twice.
-        self._pending: list[tuple[dict[str, str], int]] = []
+        self._pending: list[_Entry] = []
         # The flush id of each entry: this reporter's random session and a sequence number;
         # the service drops an entry whose id it has already read (a retried flush that Redis
         # had stored before the client gave up on it).
@@ -347,28 +357,36 @@ class StepReporter:
             )
         return batch
 
-    def _encode(self, batch: list[RawStep]) -> list[tuple[dict[str, str], int]]:
+    def _entry(self, raws: list[RawStep], flush: str) -> _Entry:
+        fields = encode_steps(
+            self.rank, self.node, self.gpu, self.attempt, raws, self.group, flush=flush
+        )
+        return _Entry(fields, raws, flush)
+
+    def _encode(self, batch: list[RawStep]) -> list[_Entry]:
         """``batch`` as steps entries, each with its own flush id."""
         entries = []
         for i in range(0, len(batch), _STEPS_PER_ENTRY):
-            chunk = batch[i : i + _STEPS_PER_ENTRY]
             self._seq += 1
-            flush = f"{self._session}.{self._seq}"
-            fields = encode_steps(
-                self.rank, self.node, self.gpu, self.attempt, chunk, self.group, flush=flush
+            entries.append(
+                self._entry(batch[i : i + _STEPS_PER_ENTRY], f"{self._session}.{self._seq}")
             )
-            entries.append((fields, len(chunk)))
         return entries
 
-    def _bounded(
-        self, entries: list[tuple[dict[str, str], int]]
-    ) -> list[tuple[dict[str, str], int]]:
-        """Keep at most ``buffer_records`` records, the newest; count the rest as dropped."""
-        held = sum(n for _, n in entries)
-        while entries and held > self._cap:
-            _, n = entries.pop(0)
-            held -= n
-            self.dropped += n
+    def _bounded(self, entries: list[_Entry]) -> list[_Entry]:
+        """Keep at most ``buffer_records`` records, the newest; count the rest as dropped. An
+        entry cut in part keeps its flush id (if Redis had stored it whole, the service reads
+        that one and skips this)."""
+        excess = sum(len(e.raws) for e in entries) - self._cap
+        while entries and excess > 0:
+            oldest = entries[0]
+            cut = min(excess, len(oldest.raws))
+            if cut == len(oldest.raws):
+                entries.pop(0)
+            else:
+                entries[0] = self._entry(oldest.raws[cut:], oldest.flush)
+            excess -= cut
+            self.dropped += cut
         return entries
 
     def _flush_once(self) -> bool:
@@ -401,7 +419,7 @@ class StepReporter:
         try:
             self._store.publish(
                 self.job_id,
-                [fields for fields, _ in pending],
+                [e.fields for e in pending],
                 events,
                 refresh_ttl=refresh,
                 steps_maxlen=self._steps_maxlen,
@@ -411,7 +429,7 @@ class StepReporter:
             return self._failed(pending, kept, exc)
         if refresh:
             self._last_ttl_refresh = now
-        self.published += sum(n for _, n in pending)
+        self.published += sum(len(e.raws) for e in pending)
         self._dropped_reported += lost
         if self._redis_down:
             self._redis_down = False
@@ -426,7 +444,7 @@ class StepReporter:
 
     def _failed(
         self,
-        pending: list[tuple[dict[str, str], int]],
+        pending: list[_Entry],
         events: list[dict[str, Any]],
         exc: Exception,
     ) -> bool:
@@ -440,7 +458,7 @@ class StepReporter:
                 job_id=self.job_id,
                 rank=self.rank,
                 error=str(exc),
-                buffered=sum(n for _, n in pending),
+                buffered=sum(len(e.raws) for e in pending),
             )
         return False
 
