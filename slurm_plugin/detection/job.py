@@ -204,10 +204,14 @@ class JobDetector:
         if len(order):
             values = base[order]
             gaps = np.diff(values) > np.maximum(noise, 0.25 * np.abs(values[1:]))
+            per_node = np.bincount(self.rank_node, minlength=len(self.node_names))
             for cluster in np.split(order, np.flatnonzero(gaps) + 1):
-                nodes = set(self.rank_node[cluster].tolist())
+                # A by-design offset covers nodes (a pipeline stage, another GPU model): a node
+                # counts when most of its ranks share it, never for one rank that happens to.
+                inside = np.bincount(self.rank_node[cluster], minlength=len(per_node))
+                nodes = np.flatnonzero(2 * inside > per_node)
                 if len(cluster) >= 2 and len(nodes) >= p.structure_min_nodes:
-                    groups.append(cluster)
+                    groups.append(cluster[np.isin(self.rank_node[cluster], nodes)])
         for members in groups:
             offset = float(np.median(base[members]))
             if abs(offset) <= noise:
@@ -218,6 +222,7 @@ class JobDetector:
                     "offset_pct": round(math.expm1(offset) * 100.0, 1),
                     "ranks": len(members),
                     "nodes": sorted({self.node_names[i] for i in self.rank_node[members]}),
+                    "rank_ids": [int(r) for r in members[:32]],
                 }
             )
         self._scale = np.exp(self._offset) if self.structure else None

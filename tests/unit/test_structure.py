@@ -134,3 +134,21 @@ def test_a_warm_up_that_saw_part_of_the_job_is_learned_again() -> None:
     assert detector is not None
     assert detector.world == 32
     assert detector.structure == []
+
+
+def test_one_rank_of_another_node_matching_a_slow_node_is_not_structure() -> None:
+    """A 3-node job, 2 ranks per node (as on the dev cluster): node n1 +20 % from step 0 and,
+    by coincidence, one of n0's two ranks too. Two ranks on two nodes share the offset, but
+    n0 is mostly healthy: not structure, so n1 is still reported (CI on Slurm 26.05 saw
+    {nodes: [node1, node3], ranks: 2} taken for structure and the slow node never evicted)."""
+    nodes = ["n0", "n0", "n1", "n1", "n2", "n2"]
+    slow = {1: step_change(0.2, 0), 2: step_change(0.2, 0), 3: step_change(0.2, 0)}
+    batch = generate(JobSpec("c", 6, 200, seed=2, compute_slow=slow))
+    batch.node = np.asarray([nodes[r] for r in batch.rank], dtype=object)
+    det = Detector()
+    det.add("c", batch)
+    events = [e for e in det.advance(final=True) if isinstance(e, StragglerEvent)]
+    detector = det._jobs["c"].detector
+    assert detector is not None
+    assert detector.structure == []
+    assert "n1" in {e.node for e in events}
