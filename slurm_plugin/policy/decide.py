@@ -124,13 +124,13 @@ def job_remaining_s(job: JobInfo, policy: Policy, now: float) -> float:
 
 
 def goodput(
-    event: StragglerEvent, job: JobInfo, ctx: JobContext, policy: Policy, now: float
+    event: StragglerEvent, job: JobInfo, ctx: JobContext, policy: Policy, now: float, ahead: Outlook
 ) -> tuple[float, float]:
     """(expected seconds saved by evicting, seconds the restart costs): the slowdown's share
-    of the time it is expected to go on, against the restart and the work since the last
-    checkpoint."""
+    of the time ``ahead`` expects it to go on, against the restart and the work since the
+    last checkpoint."""
     slowdown = max(0.0, event.slowdown_pct) / 100.0
-    saved = outlook(event, job, ctx, policy, now).expected_s * slowdown / (1.0 + slowdown)
+    saved = ahead.expected_s * slowdown / (1.0 + slowdown)
     since = ctx.last_checkpoint_ts if ctx.last_checkpoint_ts is not None else job.start_time
     lost = max(0.0, now - since) if since is not None else 0.0
     return saved, policy.actions.restart_cost_s + lost
@@ -233,8 +233,8 @@ def decide(
         return Decision(note, node, ["input-bound (slow data loading): report only"])
     if node not in job.nodes:
         return Decision("none", node, [f"{node} is not one of the job's nodes"])
-    saved, cost = goodput(event, job, ctx, policy, now)
     ahead = outlook(event, job, ctx, policy, now)
+    saved, cost = goodput(event, job, ctx, policy, now, ahead)
 
     def verdict(action: Action, reasons: list[str], on_hold: bool = False) -> Decision:
         return Decision(

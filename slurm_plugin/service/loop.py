@@ -289,9 +289,7 @@ class Service:
             return {"id": decision_id, "action": "report", "kind": event.kind}
         gpus = [event.gpu] if event.scope == "gpu" and event.gpu is not None else []
         evidence, reported = gather_evidence(self.state, self.store, job.job_id, event.node, gpus)
-        past = other_jobs(
-            self.state.node_history(event.node), job.job_id, now, self.rails.persistence.params()
-        )
+        past = self._node_incidents(event.node, job, now)
         if is_slowdown(event, policy):  # speed-ups and small blips never enter node history
             self._node_rails.remember(
                 event,
@@ -355,6 +353,12 @@ class Service:
         if decision.action == "annotate":
             self._annotate(job, mark, policy)
         return {"id": decision_id, "action": decision.action, "reasons": decision.reasons}
+
+    def _node_incidents(self, node: str, job: JobInfo, now: float) -> int:
+        """Other jobs that saw ``node`` slow within the persistence window (the goodput
+        rule's prior that a slowdown there is a fault)."""
+        params = self.rails.persistence.params()
+        return other_jobs(self.state.node_history(node), job.job_id, now, params)
 
     def _evicting(self, job_id: str) -> bool:
         """An eviction of this job is still open (its outcome not yet known)."""
@@ -430,9 +434,7 @@ class Service:
             scope="gpu",
             since_ts=number(rec.get("since_ts")),
         )
-        past = other_jobs(
-            self.state.node_history(node), job.job_id, now, self.rails.persistence.params()
-        )
+        past = self._node_incidents(node, job, now)
         again = decide(
             event,
             job,
