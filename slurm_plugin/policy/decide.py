@@ -70,6 +70,8 @@ class Outlook:
     lasted_s: float
     expected_s: float
     lasting_p: float
+    #: What is left of the job (its time limit, or the policy's assumption).
+    remaining_s: float
 
 
 def outlook(
@@ -88,21 +90,18 @@ def outlook(
     burst_on = math.exp(-lasted / actions.transient_s)
     lasting = prior / (prior + (1.0 - prior) * burst_on)
     expected = lasting * remaining + (1.0 - lasting) * min(actions.transient_s, remaining)
-    return Outlook(lasted, expected, lasting)
+    return Outlook(lasted, expected, lasting, remaining)
 
 
-def _not_sure_yet(
-    event: StragglerEvent, ahead: Outlook, cost: float, policy: Policy, remaining: float
-) -> str | None:
+def _not_sure_yet(event: StragglerEvent, ahead: Outlook, cost: float, policy: Policy) -> str | None:
     """Why evicting now is premature although it pays on average, or None. Waiting one
     ``transient_s`` more costs the slowdown's share of the slow time in that window (all of
     it if the slowdown lasts, until it passes if a burst); evicting now wastes the requeue if
     the slowdown would have passed within it. While the second is larger, wait and decide
     again at the node's next report."""
     mean = policy.actions.transient_s
-    window = min(mean, remaining)
-    share = max(0.0, event.slowdown_pct) / 100.0
-    share /= 1.0 + share
+    window = min(mean, ahead.remaining_s)
+    share = _share(event)
     lasting = ahead.lasting_p
     ends = 1.0 - math.exp(-window / mean)  # a burst still on ends within the window
     slow_time = lasting * window + (1.0 - lasting) * mean * ends
@@ -114,6 +113,12 @@ def _not_sure_yet(
         f"not sure yet: waiting {window:.0f} s more costs {waiting:.0f} s if it lasts; "
         f"evicting now wastes the {cost:.0f} s requeue if it passes ({passes:.0%} likely)"
     )
+
+
+def _share(event: StragglerEvent) -> float:
+    """The share of the job's time the slowdown wastes (+100 % slower: half of it)."""
+    slowdown = max(0.0, event.slowdown_pct) / 100.0
+    return slowdown / (1.0 + slowdown)
 
 
 def job_remaining_s(job: JobInfo, policy: Policy, now: float) -> float:
@@ -129,8 +134,7 @@ def goodput(
     """(expected seconds saved by evicting, seconds the restart costs): the slowdown's share
     of the time ``ahead`` expects it to go on, against the restart and the work since the
     last checkpoint."""
-    slowdown = max(0.0, event.slowdown_pct) / 100.0
-    saved = ahead.expected_s * slowdown / (1.0 + slowdown)
+    saved = ahead.expected_s * _share(event)
     since = ctx.last_checkpoint_ts if ctx.last_checkpoint_ts is not None else job.start_time
     lost = max(0.0, now - since) if since is not None else 0.0
     return saved, policy.actions.restart_cost_s + lost
@@ -257,7 +261,7 @@ def decide(
     if saved <= cost:
         reasons.append(f"goodput: evicting saves {saved:.0f} s but costs {cost:.0f} s ({why})")
     else:
-        unsure = _not_sure_yet(event, ahead, cost, policy, job_remaining_s(job, policy, now))
+        unsure = _not_sure_yet(event, ahead, cost, policy)
         reasons += [f"{unsure} ({why})"] if unsure else []
     switches = _switches(cluster)
     if reasons or switches:

@@ -79,7 +79,7 @@ class Ingest:
         known = self.state.job(job.job_id)
         cursor = known.get("steps_cursor", "0-0")
         mark = self.store.steps_mark(job.job_id)  # first: the read below stops at its id
-        done = int(known.get("steps_read", "0") or 0)
+        done = _count(known, "steps_read")
         limit = MAX_ENTRIES_PER_JOB
         if mark is not None:
             limit = min(MAX_BACKLOG_PER_JOB, max(limit, mark.added - done))
@@ -98,12 +98,12 @@ class Ingest:
         read = done + entries
         update = {"steps_cursor": cursor, "steps_read": str(read)}
         if repeats:  # a flush retried after Redis had stored it: read once, counted here
-            total = int(known.get("steps_repeats", "0") or 0) + repeats
+            total = _count(known, "steps_repeats") + repeats
             update["steps_repeats"] = str(total)
             log.info("service.steps_repeated", job_id=job.job_id, entries=repeats, total=total)
         if mark is not None and cursor == mark.last_id:  # caught up: the rest was trimmed
             lost = max(0, mark.added - read)
-            before = int(known.get("steps_lost", "0") or 0)
+            before = _count(known, "steps_lost")
             if lost > before:
                 update["steps_lost"] = str(lost)
                 self.metrics.lost.inc(lost - before)
@@ -150,3 +150,8 @@ class Ingest:
             return
         if revoked:
             log.warning("service.credentials_revoked", jobs=revoked, why="job gone, no epilog")
+
+
+def _count(known: dict[str, str], key: str) -> int:
+    """A counter the service keeps in the job's state (0 before the first)."""
+    return int(known.get(key, "0") or 0)

@@ -156,8 +156,8 @@ class StepReporter:
         self._cap = buffer_records
         self._buf: deque[tuple[Any, ...]] = deque(maxlen=buffer_records)
         self._events: deque[dict[str, Any]] = deque(maxlen=1000)
-        # Encoded entries not yet stored, with their record counts: a failed flush is sent
-        # again as it was (encoded once, same flush ids), never re-encoded or stored twice.
+        # Entries not yet stored, encoded with their steps: a failed flush is sent again as it
+        # was (encoded once, same flush ids), never re-encoded or stored twice.
         self._pending: list[_Entry] = []
         # The flush id of each entry: this reporter's random session and a sequence number;
         # the service drops an entry whose id it has already read (a retried flush that Redis
