@@ -22,8 +22,8 @@ import redis
 
 from benchmarks._common import machine, redis_url, table
 from slurm_plugin import StepReporter
-from slurm_plugin.telemetry import keys
-from slurm_plugin.telemetry.records import encode_steps
+from slurm_plugin.model import keys
+from slurm_plugin.model.records import encode_steps
 from slurm_plugin.telemetry.store import TelemetryStore, connect
 
 JOB = "999100"

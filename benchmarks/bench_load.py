@@ -31,10 +31,10 @@ import redis
 from benchmarks._common import machine, table
 from benchmarks.bench_service import StaticScheduler
 from slurm_plugin.config import Settings
+from slurm_plugin.model import keys
+from slurm_plugin.model.records import encode_steps
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.telemetry import keys
-from slurm_plugin.telemetry.records import encode_steps
 from slurm_plugin.telemetry.store import TelemetryStore, connect
 
 JOB, PER_NODE, SLOW_RANK, SLOW_FROM_S = "515151", 8, 5000, 120.0

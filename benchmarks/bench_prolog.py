@@ -37,7 +37,7 @@ def main() -> None:
         (base / "gpus.json").write_text(json.dumps({"default": {"gpus": 8}}))
         build_ib_tree(base / "root", 8)
         (base / "config.toml").write_text(
-            f'redis_url = "{redis_url()}"\nhealth_fake_nvml = "{base / "gpus.json"}"\n'
+            f'redis_url = "{redis_url()}"\ndevcluster_fake_nvml = "{base / "gpus.json"}"\n'
             f'health_sysfs_root = "{base / "root"}"\nhealth_state_dir = "{base / "state"}"\n'
             "health_expected_gpus = 8\nhealth_expected_hcas = 8\n"
         )

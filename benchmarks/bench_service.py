@@ -18,10 +18,10 @@ import redis
 
 from benchmarks._common import machine, redis_url, table
 from slurm_plugin.config import Settings
+from slurm_plugin.model.cluster import JobInfo, NodeInfo
+from slurm_plugin.model.records import encode_steps
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.slurm.model import JobInfo, NodeInfo
-from slurm_plugin.telemetry.records import encode_steps
 from slurm_plugin.telemetry.store import TelemetryStore, connect
 
 RANKS, PER_NODE, JOB = 1000, 8, "424242"

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from slurm_plugin.detection import Detector, Event, RecordBatch, StragglerEvent
+from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy.decide import ClusterContext, JobContext, decide, is_slowdown
 from slurm_plugin.policy.history import Incident, NodeHistory, other_jobs, record_incident
 from slurm_plugin.policy.rails import PersistencePolicy, SafetyPolicy
 from slurm_plugin.policy.schema import Policy
-from slurm_plugin.slurm.model import JobInfo, NodeInfo
 from slurm_plugin.trace import Trace
 
 CHUNK = 131_072

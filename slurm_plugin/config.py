@@ -170,10 +170,6 @@ class Settings(BaseSettings):
     health_gpu: Literal["auto", "off"] = Field(
         default="auto", description="auto: check GPUs when NVML is present; off: never."
     )
-    health_fake_nvml: Path | None = Field(
-        default=None,
-        description="Testing only: a JSON file of fake GPUs per node (slurm_plugin.testing).",
-    )
     redis_timeout_s: float = Field(
         default=2.0, gt=0, description="Socket connect/read timeout for every Redis call, seconds."
     )
@@ -188,6 +184,8 @@ class Settings(BaseSettings):
     command_timeout_s: float = Field(
         default=15.0, gt=0, description="Timeout for any one Slurm command, seconds."
     )
+    # The development cluster's settings (`straggler devcluster`, `make demo`, the tests); a
+    # production deployment leaves them alone.
     devcluster_dir: Path = Field(
         default=Path("/tmp/slurm-straggler-devcluster"),  # noqa: S108 - a documented dev default
         description="Base directory of the local development cluster (all its state lives here).",
@@ -197,6 +195,11 @@ class Settings(BaseSettings):
     )
     devcluster_slurmctld_port: int = Field(
         default=16817, ge=1, le=65535, description="Port of the development cluster's slurmctld."
+    )
+    devcluster_fake_nvml: Path | None = Field(
+        default=None,
+        description="Development cluster and tests only: a JSON file of fake GPUs per node "
+        "(slurm_plugin.probes.fake_nvml) that the prolog checks instead of NVML.",
     )
 
     @classmethod

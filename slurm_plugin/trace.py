@@ -15,7 +15,7 @@ from typing import TextIO
 import numpy as np
 
 from slurm_plugin.errors import TraceError
-from slurm_plugin.telemetry.records import StepRecord
+from slurm_plugin.model.records import StepRecord
 
 TRACE_COLUMNS = (
     "job_id",

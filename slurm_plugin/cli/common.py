@@ -13,9 +13,9 @@ import click
 
 from slurm_plugin.cli.output import emit_json, printable
 from slurm_plugin.errors import StragglerError
+from slurm_plugin.model.cluster import NodeInfo
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
-from slurm_plugin.slurm.model import NodeInfo
 from slurm_plugin.slurm.scheduler import Scheduler
 
 F = TypeVar("F", bound=Callable[..., Any])

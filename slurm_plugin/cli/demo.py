@@ -10,9 +10,9 @@ from pathlib import Path
 import click
 
 from slurm_plugin.cli.common import json_option
+from slurm_plugin.cli.devcluster import cluster_of
 from slurm_plugin.cli.output import emit_json
 from slurm_plugin.config import Settings
-from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.errors import StragglerError
 
 
@@ -74,7 +74,7 @@ def demo(
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     # --json: progress on stderr, the summaries as one JSON document on stdout.
     say = functools.partial(click.echo, err=as_json)
-    cluster = DevCluster.from_settings(settings)
+    cluster = cluster_of(settings)
     status = cluster.up(spank=True)
     say(f"cluster up: {', '.join(f'{n} {s}' for n, s in status.nodes.items())}")
     out_dir.mkdir(parents=True, exist_ok=True)

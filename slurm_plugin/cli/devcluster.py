@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from slurm_plugin.cli.common import done, json_option
 from slurm_plugin.cli.output import emit_json, emit_table
 from slurm_plugin.config import Settings
-from slurm_plugin.devcluster import ClusterStatus, DevCluster
+
+if TYPE_CHECKING:
+    from slurm_plugin.devcluster import ClusterStatus, DevCluster
+
+
+def cluster_of(settings: Settings) -> DevCluster:
+    """The development cluster, imported only by the commands that use it (the service and the
+    admin commands never load it)."""
+    from slurm_plugin.devcluster import DevCluster  # noqa: PLC0415
+
+    return DevCluster.from_settings(settings)
 
 
 def _print_status(status: ClusterStatus) -> None:
@@ -77,7 +88,7 @@ def up(
     as_json: bool,
 ) -> None:
     """Start munge, redis-server, slurmctld and 4 slurmd (idempotent); print what to export."""
-    status = DevCluster.from_settings(settings).up(
+    status = cluster_of(settings).up(
         prolog=prolog, epilog=epilog, plugstack=plugstack or None, spank=spank, wait_s=wait_s
     )
     if as_json:
@@ -99,7 +110,7 @@ def up(
 @click.pass_obj
 def down(settings: Settings, keep_state: bool, as_json: bool) -> None:
     """Stop every process the cluster started and remove its /etc/hosts block."""
-    stopped = DevCluster.from_settings(settings).down(keep_state=keep_state)
+    stopped = cluster_of(settings).down(keep_state=keep_state)
     message = "stopped: " + (", ".join(stopped) if stopped else "nothing was running")
     done(as_json, message, stopped=stopped)
 
@@ -109,7 +120,7 @@ def down(settings: Settings, keep_state: bool, as_json: bool) -> None:
 @click.pass_obj
 def status(settings: Settings, as_json: bool) -> None:
     """Show the daemons, node states and Redis; exit 1 when the cluster is not ready."""
-    result = DevCluster.from_settings(settings).status()
+    result = cluster_of(settings).status()
     if as_json:
         emit_json(result.to_dict())
     else:
@@ -123,7 +134,7 @@ def status(settings: Settings, as_json: bool) -> None:
 @click.pass_obj
 def env(settings: Settings, as_json: bool) -> None:
     """Print the shell exports that point Slurm commands and our tools at the cluster."""
-    values = DevCluster.from_settings(settings).env()
+    values = cluster_of(settings).env()
     if as_json:
         emit_json(values)
         return

@@ -12,7 +12,7 @@ import click
 from slurm_plugin.cli.common import json_option
 from slurm_plugin.cli.output import emit_json
 from slurm_plugin.config import Settings
-from slurm_plugin.telemetry.records import sort_records
+from slurm_plugin.model.records import sort_records
 from slurm_plugin.telemetry.sidecar import Sidecar
 from slurm_plugin.telemetry.store import TelemetryStore, connect_from
 from slurm_plugin.trace import write_trace

@@ -19,10 +19,10 @@ from slurm_plugin.config import Settings
 from slurm_plugin.demo.slowdown import CpuQuota
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.errors import DevClusterError
+from slurm_plugin.model.records import StepRecord
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.parsers import expand_hostlist, parse_scontrol_record
 from slurm_plugin.slurm.runner import run_command
-from slurm_plugin.telemetry.records import StepRecord
 from slurm_plugin.telemetry.store import TelemetryStore, connect
 
 REPO = Path(__file__).resolve().parents[2]

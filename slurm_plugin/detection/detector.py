@@ -17,7 +17,7 @@ import numpy as np
 from slurm_plugin.detection.events import Event, HangEvent
 from slurm_plugin.detection.job import Block, JobDetector
 from slurm_plugin.detection.params import DetectionParams
-from slurm_plugin.telemetry.records import StepRecord
+from slurm_plugin.model.records import StepRecord
 
 _COLUMNS = ("rank", "step", "attempt", "gpu", "ts", "step_s", "compute_s", "comm_s", "data_s")
 

@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterable
 
 import numpy as np
 
-from slurm_plugin.telemetry.records import StepRecord
+from slurm_plugin.model.records import StepRecord
 
 
 def recent_slowdown_pct(

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from slurm_plugin.health.fabric import COUNTERS, PortSample
-from slurm_plugin.health.gpu import RECOVERY_ACTIONS, GpuSample
+from slurm_plugin.probes.gpu import RECOVERY_ACTIONS, GpuSample
 
 Severity = Literal["drain", "warn"]
 IDLE_THROTTLE = {

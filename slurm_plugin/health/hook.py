@@ -29,8 +29,8 @@ from slurm_plugin.health.checks import (
     verdict,
 )
 from slurm_plugin.health.fabric import count_hcas, read_ports
-from slurm_plugin.health.gpu import GpuSample, NvmlProbe, NvmlUnavailableError
 from slurm_plugin.health.kmsg import new_xids, pci_key
+from slurm_plugin.probes.gpu import GpuSample, NvmlProbe, NvmlUnavailableError
 
 log = structlog.get_logger(__name__)
 NvmlFactory = Callable[[], Any]
@@ -57,11 +57,11 @@ class HookResult:
 def _nvml_factory(settings: Settings, node: str) -> NvmlFactory | None:
     if settings.health_gpu == "off":
         return None
-    if settings.health_fake_nvml is not None:
-        fake = settings.health_fake_nvml
+    if settings.devcluster_fake_nvml is not None:
+        fake = settings.devcluster_fake_nvml
 
         def make_fake() -> Any:
-            from slurm_plugin.testing import fake_nvml_from_spec  # noqa: PLC0415
+            from slurm_plugin.probes.fake_nvml import fake_nvml_from_spec  # noqa: PLC0415
 
             return fake_nvml_from_spec(fake, node)
 
@@ -220,7 +220,7 @@ def _redis(settings: Settings) -> Any:
 
 def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult) -> None:
     """Persistent-straggler refusal, job registration, and the check result per node."""
-    from slurm_plugin.telemetry import keys  # noqa: PLC0415
+    from slurm_plugin.model import keys  # noqa: PLC0415
 
     try:
         client = _redis(settings)
@@ -363,7 +363,8 @@ def run_epilog(env: Mapping[str, str], settings: Settings) -> HookResult:
                 )
             )
     try:
-        from slurm_plugin.telemetry import credentials, keys  # noqa: PLC0415
+        from slurm_plugin.model import keys  # noqa: PLC0415
+        from slurm_plugin.telemetry import credentials  # noqa: PLC0415
 
         if result.job_id and settings.job_credentials:
             # The file goes first: Redis being away must not leave a credential behind.

@@ -8,9 +8,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from slurm_plugin.detection.events import StragglerEvent
+from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy.rails import SafetyPolicy
 from slurm_plugin.policy.schema import Policy
-from slurm_plugin.slurm.model import JobInfo, NodeInfo
 
 Action = Literal["evict", "wait", "annotate", "none"]
 

@@ -19,9 +19,9 @@ import redis
 import structlog
 
 from slurm_plugin.errors import StragglerError
-from slurm_plugin.slurm.model import JobInfo
-from slurm_plugin.telemetry import keys
-from slurm_plugin.telemetry.records import StepRecord
+from slurm_plugin.model import keys
+from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.model.records import StepRecord
 
 if TYPE_CHECKING:
     from slurm_plugin.service.state import ServiceState

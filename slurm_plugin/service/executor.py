@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from slurm_plugin.errors import CommandTimeoutError, JobNotFoundError, SlurmError
+from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
-from slurm_plugin.slurm.model import JobInfo
 from slurm_plugin.slurm.scheduler import Scheduler
 
 log = structlog.get_logger(__name__)

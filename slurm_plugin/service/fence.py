@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from slurm_plugin.errors import NotLeaderError
-from slurm_plugin.slurm.model import JobInfo, NodeInfo
+from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.slurm.scheduler import Scheduler
 
 log = structlog.get_logger(__name__)

@@ -14,10 +14,10 @@ import redis
 import structlog
 
 from slurm_plugin.detection import Detector, RecordBatch
+from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.service.evidence import EvidenceFilter
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.slurm.model import JobInfo
 from slurm_plugin.telemetry import credentials
 from slurm_plugin.telemetry.store import Seen, TelemetryStore
 

@@ -22,6 +22,7 @@ import structlog
 from slurm_plugin.config import Settings
 from slurm_plugin.detection import DetectionParams, Detector, Event, StragglerEvent
 from slurm_plugin.errors import StragglerError
+from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy.decide import ClusterContext, JobContext, decide, is_slowdown
 from slurm_plugin.policy.history import other_jobs
 from slurm_plugin.policy.loader import (
@@ -40,7 +41,6 @@ from slurm_plugin.service.record import decision_record, number
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.service.waiting import Recheck, candidates, with_candidate
 from slurm_plugin.slurm import marks
-from slurm_plugin.slurm.model import JobInfo, NodeInfo
 from slurm_plugin.slurm.scheduler import Scheduler
 from slurm_plugin.telemetry.store import TelemetryStore
 

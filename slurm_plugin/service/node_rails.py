@@ -7,12 +7,12 @@ from __future__ import annotations
 import structlog
 
 from slurm_plugin.detection import StragglerEvent
+from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy.history import Incident, evaluate, record_incident
 from slurm_plugin.policy.rails import ClusterRails
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
-from slurm_plugin.slurm.model import JobInfo, NodeInfo
 
 log = structlog.get_logger(__name__)
 #: A prolog finding explains a "Prolog error" drain when written at most this long before Slurm

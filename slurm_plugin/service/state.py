@@ -12,8 +12,8 @@ from typing import Any, cast
 import structlog
 
 from slurm_plugin.errors import ConfigError
+from slurm_plugin.model import keys
 from slurm_plugin.policy.history import Incident, NodeHistory
-from slurm_plugin.telemetry import keys
 from slurm_plugin.telemetry.store import RedisClient
 
 log = structlog.get_logger(__name__)

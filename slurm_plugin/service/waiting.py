@@ -12,9 +12,9 @@ import structlog
 
 from slurm_plugin.detection import StragglerEvent
 from slurm_plugin.detection.recheck import recent_slowdown_pct
+from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.model.records import StepRecord
 from slurm_plugin.policy.schema import Policy
-from slurm_plugin.slurm.model import JobInfo
-from slurm_plugin.telemetry.records import StepRecord
 from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)

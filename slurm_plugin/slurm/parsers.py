@@ -10,7 +10,7 @@ from typing import Any
 import hostlist
 
 from slurm_plugin.errors import SlurmError
-from slurm_plugin.slurm.model import JobInfo, NodeInfo
+from slurm_plugin.model.cluster import JobInfo, NodeInfo
 
 # As far as text can tell, a new field starts at a space followed by ``Key=`` where Key is a
 # Slurm field name. Values may contain spaces (Command=, Comment=, Reason=), so splitting on

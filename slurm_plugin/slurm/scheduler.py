@@ -12,11 +12,11 @@ from typing import Protocol
 
 from slurm_plugin.config import Settings
 from slurm_plugin.errors import CommandError, JobNotFoundError, SlurmError
-from slurm_plugin.slurm.model import JobInfo, NodeInfo
+from slurm_plugin.model.cluster import JobInfo, NodeInfo
+from slurm_plugin.model.keys import check_job_id, check_node
 from slurm_plugin.slurm.parsers import collect_hostlist, parse_sinfo_json, parse_squeue_json
 from slurm_plugin.slurm.release import SlurmRelease, parse_version
 from slurm_plugin.slurm.runner import CommandResult, run_command
-from slurm_plugin.telemetry.keys import check_job_id, check_node
 
 
 class Scheduler(Protocol):

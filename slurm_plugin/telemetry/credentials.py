@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from slurm_plugin.errors import TelemetryError
-from slurm_plugin.telemetry import keys
+from slurm_plugin.model import keys
 
 #: Where ranks look for their credential when $STRAGGLER_JOB_CREDENTIALS_DIR is not set.
 DEFAULT_DIR = Path("/run/slurm-straggler/jobs")

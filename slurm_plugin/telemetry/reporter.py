@@ -26,8 +26,9 @@ from typing import Any
 import structlog
 
 from slurm_plugin.errors import StragglerError
-from slurm_plugin.telemetry import credentials, keys
-from slurm_plugin.telemetry.records import RawStep, check_group, encode_steps, is_valid_raw
+from slurm_plugin.model import keys
+from slurm_plugin.model.records import RawStep, check_group, encode_steps, is_valid_raw
+from slurm_plugin.telemetry import credentials
 from slurm_plugin.telemetry.store import TelemetryStore, connect_from
 
 log = structlog.get_logger(__name__)

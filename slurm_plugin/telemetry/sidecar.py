@@ -18,9 +18,9 @@ import redis
 import structlog
 
 from slurm_plugin.errors import StragglerError
-from slurm_plugin.health.cpu import sample_cpu
-from slurm_plugin.health.gpu import NvmlProbe, NvmlUnavailableError
-from slurm_plugin.telemetry import keys
+from slurm_plugin.model import keys
+from slurm_plugin.probes.cpu import sample_cpu
+from slurm_plugin.probes.gpu import NvmlProbe, NvmlUnavailableError
 from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)

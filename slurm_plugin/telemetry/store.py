@@ -19,8 +19,8 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from slurm_plugin.errors import RedisUnavailableError, TelemetryError
-from slurm_plugin.telemetry import keys
-from slurm_plugin.telemetry.records import (
+from slurm_plugin.model import keys
+from slurm_plugin.model.records import (
     StepRecord,
     decode_json_entry,
     decode_steps,

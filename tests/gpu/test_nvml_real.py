@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_plugin.health.checks import GpuThresholds, check_gpus
-from slurm_plugin.health.gpu import NvmlProbe, NvmlUnavailableError
+from slurm_plugin.probes.gpu import NvmlProbe, NvmlUnavailableError
 
 
 def test_real_probe_reads_every_gpu() -> None:

@@ -365,7 +365,7 @@ def install_prolog(
     build_ib_tree(base / "root", 8)
     (base / "config.toml").write_text(
         f'redis_url = "{redis_url}"\n'
-        f'health_fake_nvml = "{base / "gpus.json"}"\n'
+        f'devcluster_fake_nvml = "{base / "gpus.json"}"\n'
         f'health_sysfs_root = "{base / "root"}"\n'
         f'health_state_dir = "{base / "state"}"\n'
         "health_expected_gpus = 8\nhealth_expected_hcas = 8\n"

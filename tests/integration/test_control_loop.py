@@ -21,12 +21,12 @@ from slurm_plugin.config import Settings
 from slurm_plugin.errors import SlurmError
 from slurm_plugin.health.checks import verdict
 from slurm_plugin.health.hook import HookResult, _redis_prolog
+from slurm_plugin.model.cluster import JobInfo, NodeInfo
+from slurm_plugin.model.records import encode_steps
 from slurm_plugin.policy.history import Incident, NodeHistory
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.slurm.model import JobInfo, NodeInfo
 from slurm_plugin.telemetry import credentials
-from slurm_plugin.telemetry.records import encode_steps
 from slurm_plugin.telemetry.store import TelemetryStore
 from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.conftest import RedisServer, acl_users, copy_policies, wait_for

@@ -10,12 +10,12 @@ from typing import Any, cast
 import redis
 
 from slurm_plugin.detection import Detector
+from slurm_plugin.model import keys
+from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.model.records import encode_steps
 from slurm_plugin.service.ingest import Ingest
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.slurm.model import JobInfo
-from slurm_plugin.telemetry import keys
-from slurm_plugin.telemetry.records import encode_steps
 from slurm_plugin.telemetry.reporter import StepReporter
 from slurm_plugin.telemetry.store import TelemetryStore, connect
 from slurm_plugin.testing import FakeClock

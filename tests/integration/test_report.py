@@ -14,7 +14,7 @@ import pytest
 
 from slurm_plugin.demo.report import render, write_report
 from slurm_plugin.demo.run import DemoRun, summarize
-from slurm_plugin.telemetry.records import StepRecord
+from slurm_plugin.model.records import StepRecord
 
 pytest.importorskip("matplotlib", reason="the demo extra is installed by `make install`")
 HOSTILE = "<script>document.title='pwned'</script>"

@@ -20,10 +20,11 @@ import pytest
 import redis
 
 from slurm_plugin.devcluster import DevCluster, procs
+from slurm_plugin.model import keys
 from slurm_plugin.service.evidence import gather_evidence
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.runner import run_command
-from slurm_plugin.telemetry import credentials, keys
+from slurm_plugin.telemetry import credentials
 from slurm_plugin.telemetry.store import TelemetryStore, Tls, connect, ping
 from tests.integration.conftest import REPO, RedisServer, Slurm, free_port, wait_for
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_plugin.model import keys
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.telemetry import keys
 from tests.integration.conftest import REPO, wait_for
 
 

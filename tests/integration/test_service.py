@@ -12,11 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.model import keys
 from slurm_plugin.policy.history import Incident, NodeHistory
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.parsers import parse_squeue_json
-from slurm_plugin.telemetry import keys
 from tests.integration.conftest import Slurm, wait_cycles, wait_for
 
 REPO = Path(__file__).resolve().parents[2]

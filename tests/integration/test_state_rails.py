@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import redis
 
+from slurm_plugin.model import keys
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.telemetry import keys
 from slurm_plugin.testing import FakeClock
 from tests.integration.conftest import RedisServer
 

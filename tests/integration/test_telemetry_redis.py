@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from slurm_plugin import StepReporter
 from slurm_plugin.cli.main import cli
-from slurm_plugin.telemetry import keys
+from slurm_plugin.model import keys
 from slurm_plugin.telemetry.store import TelemetryStore, connect
 from tests.integration.conftest import RedisServer, wait_for
 

@@ -9,7 +9,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from slurm_plugin.telemetry.records import encode_steps
+from slurm_plugin.model.records import encode_steps
 from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.conftest import copy_policies
 from tests.integration.test_control_loop import NODES, Loop, make_loop, running_job

@@ -13,6 +13,7 @@ import pytest
 from slurm_plugin.config import Settings
 from slurm_plugin.detection.events import StragglerEvent
 from slurm_plugin.errors import ConfigError
+from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy.decide import (
     ClusterContext,
     Decision,
@@ -29,7 +30,6 @@ from slurm_plugin.policy.loader import (
 )
 from slurm_plugin.policy.rails import SafetyPolicy
 from slurm_plugin.policy.schema import Policy
-from slurm_plugin.slurm.model import JobInfo, NodeInfo
 
 NOW = 1_700_000_000.0
 REPO = Path(__file__).resolve().parents[2]

@@ -25,7 +25,7 @@ from slurm_plugin.detection.params import (
     optimal_delay,
 )
 from slurm_plugin.detection.stats import cusum
-from slurm_plugin.telemetry.records import StepRecord
+from slurm_plugin.model.records import StepRecord
 from tests.scenarios.generator import JobSpec, drift, generate, step_change
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.model.records import StepRecord
 from slurm_plugin.policy.history import HistoryParams, Incident, NodeHistory, record_incident
 from slurm_plugin.service.evidence import EvidenceFilter, hardware_evidence
-from slurm_plugin.slurm.model import JobInfo
-from slurm_plugin.telemetry.records import StepRecord
 
 JOB = JobInfo(
     job_id="7",

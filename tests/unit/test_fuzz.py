@@ -16,6 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurm_plugin.errors import ConfigError, SlurmError, TelemetryError, TraceError
+from slurm_plugin.model.records import (
+    decode_json_entry,
+    decode_steps,
+    encode_steps,
+)
 from slurm_plugin.policy.loader import load_policy
 from slurm_plugin.slurm.parsers import (
     collect_hostlist,
@@ -25,11 +30,6 @@ from slurm_plugin.slurm.parsers import (
     parse_squeue_json,
 )
 from slurm_plugin.telemetry import credentials
-from slurm_plugin.telemetry.records import (
-    decode_json_entry,
-    decode_steps,
-    encode_steps,
-)
 from slurm_plugin.trace import TRACE_COLUMNS, read_trace
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,10 +19,11 @@ import pytest
 from slurm_plugin.config import Settings
 from slurm_plugin.health.checks import GpuThresholds, check_fabric, check_gpus, verdict
 from slurm_plugin.health.fabric import count_hcas, read_ports
-from slurm_plugin.health.gpu import NvmlProbe
 from slurm_plugin.health.hook import probe_gpus, run_epilog, run_prolog
 from slurm_plugin.health.kmsg import new_xids, parse_records, pci_key
-from slurm_plugin.testing import FakeGpu, FakeNvml, build_ib_tree
+from slurm_plugin.probes.fake_nvml import FakeGpu, FakeNvml
+from slurm_plugin.probes.gpu import NvmlProbe
+from slurm_plugin.testing import build_ib_tree
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -112,7 +113,7 @@ def _settings(tmp_path: Path, spec: dict[str, object], **extra: object) -> Setti
     (tmp_path / "gpus.json").write_text(json.dumps(spec))
     build_ib_tree(tmp_path / "root", 8)
     settings = Settings(
-        health_fake_nvml=tmp_path / "gpus.json",
+        devcluster_fake_nvml=tmp_path / "gpus.json",
         health_sysfs_root=tmp_path / "root",
         health_state_dir=tmp_path / "state",
         health_expected_gpus=8,
@@ -246,7 +247,7 @@ def test_a_passing_prologs_warnings_reach_syslog(
     (tmp_path / "kmsg").write_text(KMSG[-1] + "\n")
     (tmp_path / "config.toml").write_text(
         'redis_url = "redis://127.0.0.1:1/0"\n'
-        f'health_fake_nvml = "{tmp_path / "gpus.json"}"\n'
+        f'devcluster_fake_nvml = "{tmp_path / "gpus.json"}"\n'
         f'health_sysfs_root = "{tmp_path / "root"}"\n'
         f'health_state_dir = "{tmp_path / "state"}"\n'
         f'health_kmsg_path = "{tmp_path / "kmsg"}"\n'

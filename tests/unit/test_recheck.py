@@ -9,8 +9,8 @@ import pytest
 
 from slurm_plugin.detection import StragglerEvent
 from slurm_plugin.detection.recheck import recent_slowdown_pct
+from slurm_plugin.model.records import StepRecord
 from slurm_plugin.service.waiting import candidates, with_candidate
-from slurm_plugin.telemetry.records import StepRecord
 
 
 def _records(slow: dict[int, float], steps: range, attempt: int = 0) -> list[StepRecord]:

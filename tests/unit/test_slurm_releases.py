@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from slurm_plugin.config import Settings
 from slurm_plugin.errors import CommandError, JobNotFoundError, SlurmError
-from slurm_plugin.slurm.model import JobInfo
+from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.slurm.parsers import parse_sinfo_json, parse_squeue_json
 from slurm_plugin.slurm.release import SlurmRelease, parse_version, release_of_meta
 from slurm_plugin.slurm.runner import CommandResult

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slurm_plugin.errors import TelemetryError
-from slurm_plugin.telemetry import keys
-from slurm_plugin.telemetry.records import (
+from slurm_plugin.model import keys
+from slurm_plugin.model.records import (
     decode_json_entry,
     decode_steps,
     encode_json_entry,

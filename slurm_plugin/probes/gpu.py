@@ -1,5 +1,5 @@
 """GPU probe over NVML. pynvml is imported lazily; any object with the same functions works
-(``slurm_plugin.testing.FakeNvml`` is one), so the decoding below is tested without a GPU.
+(``slurm_plugin.probes.fake_nvml.FakeNvml`` is one), so the decoding below is tested without a GPU.
 
 Probes gather facts only; judging them is for the checks and the detector.
 """
