@@ -2,16 +2,18 @@
 
 Sources, highest precedence first: explicit keyword arguments, ``STRAGGLER_*`` environment
 variables, a TOML file (``--config``, else ``STRAGGLER_CONFIG``, else
-``/etc/slurm-straggler/config.toml`` when it exists), then the defaults below. Unknown keys in
-the file are errors that name the key and the file.
+``/etc/slurm-straggler/config.toml`` when it exists; pydantic-settings' TOML source), then the
+defaults below. Tables (``[safety]``) merge key by key across sources. Unknown keys in the file
+are errors that name the key and the file.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-import tomllib
 from collections.abc import Mapping
+from contextvars import ContextVar
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -22,13 +24,17 @@ from pydantic_settings import (
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     SettingsError,
+    TomlConfigSettingsSource,
 )
 
 from slurm_plugin.errors import ConfigError
 from slurm_plugin.policy.rails import ClusterRails, PersistencePolicy, SafetyPolicy
+from slurm_plugin.tomlfile import describe, read_toml
 
 DEFAULT_CONFIG_PATH = Path("/etc/slurm-straggler/config.toml")
 CONFIG_ENV = "STRAGGLER_CONFIG"
+# The settings file of the load_settings() call in progress (the sources are built per call).
+_SETTINGS_FILE: ContextVar[Path | None] = ContextVar("settings_file", default=None)
 
 
 class Settings(BaseSettings):
@@ -211,8 +217,12 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The TOML file is merged in load_settings(), where its path is known for error messages.
-        return (init_settings, env_settings)
+        # Highest precedence first: keyword arguments, the environment, the settings file
+        # load_settings() was given (pydantic-settings merges them, tables key by key).
+        path = _SETTINGS_FILE.get()
+        if path is None:
+            return (init_settings, env_settings)
+        return (init_settings, env_settings, _SettingsFile(settings_cls, path))
 
     @property
     def rails(self) -> ClusterRails:
@@ -245,31 +255,16 @@ def resolve_config_path(explicit: Path | None = None) -> Path | None:
     return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except FileNotFoundError as exc:
-        raise ConfigError("settings file not found", path=path) from exc
-    except PermissionError as exc:
-        raise ConfigError("settings file is not readable", path=path) from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"not valid TOML: {exc}", path=path) from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from exc
+class _SettingsFile(TomlConfigSettingsSource):
+    """The settings file, read strictly: a file that cannot be read or is not TOML is an error
+    naming it, and one that holds a Redis password must be private to its owner."""
 
-
-def _describe(exc: ValidationError) -> tuple[str, str | None]:
-    problems = []
-    first_field = None
-    for error in exc.errors():
-        field = ".".join(str(part) for part in error["loc"]) or "(root)"
-        first_field = first_field or field
-        if error["type"] == "extra_forbidden":
-            problems.append(f"unknown setting {field!r}")
-        else:
-            problems.append(f"{field}: {error['msg']}")
-    return "; ".join(problems), first_field
+    def _read_file(self, file_path: Path | Traversable) -> dict[str, Any]:
+        path = Path(str(file_path))
+        values = read_toml(path, "settings file")
+        if holds_secret(values):
+            check_private(path)
+        return values
 
 
 def _secret_param(name: str) -> bool:
@@ -331,14 +326,11 @@ def check_private(path: Path) -> None:
 def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings:
     """Build the settings from all sources; raise :class:`ConfigError` naming field and file."""
     path = resolve_config_path(config_path)
-    file_values = _read_toml(path) if path is not None else {}
-    if path is not None and holds_secret(file_values):
-        check_private(path)
-    # The environment beats the file: drop file values that the environment sets.
-    merged = {k: v for k, v in file_values.items() if _env_name(k) not in os.environ}
-    merged.update(overrides)
+    if path is not None and not path.is_file():
+        read_toml(path, "settings file")  # raises: not found, a directory, not readable
+    token = _SETTINGS_FILE.set(path)
     try:
-        return Settings(**merged)
+        return Settings(**overrides)
     except SettingsError as exc:  # an environment value that is not the JSON a list needs
         field = next((f for f in Settings.model_fields if f'"{f}"' in str(exc)), None)
         raise ConfigError(
@@ -347,15 +339,16 @@ def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings
             field=field,
         ) from exc
     except ValidationError as exc:
-        message, field = _describe(exc)
-        from_env = field is not None and _env_name(field) in os.environ and field not in merged
+        message, field = describe(exc)
+        root = (field or "").split(".")[0]
+        from_env = _env_name(root) in os.environ and root not in overrides
         raise ConfigError(
-            f"{message} (from environment variable {_env_name(field or '')})"
-            if from_env
-            else message,
+            f"{message} (from environment variable {_env_name(root)})" if from_env else message,
             path=None if from_env else path,
             field=field,
         ) from exc
+    finally:
+        _SETTINGS_FILE.reset(token)
 
 
 def _env_name(field: str) -> str:

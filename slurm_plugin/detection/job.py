@@ -20,14 +20,12 @@ from typing import Any
 import numpy as np
 
 from slurm_plugin.detection.events import Event, StragglerEvent, SyncStallEvent
-from slurm_plugin.detection.params import DetectionParams
+from slurm_plugin.detection.params import F64, DetectionParams, cusum_thresholds
 from slurm_plugin.detection.stats import (
-    F64,
     MAD_TO_SIGMA,
     cusum,
     ewma,
     row_median,
-    thresholds,
 )
 from slurm_plugin.detection.sync import SyncStallChart
 
@@ -263,7 +261,7 @@ class JobDetector:
         k0 = np.where(live, k0, 1.0)
         arl = p.false_alarm_arl * p.charts
         ks = [k0 * 2.0**i for i in range(p.charts)]
-        hs = [thresholds(k, arl) for k in ks]
+        hs = [cusum_thresholds(k, arl) for k in ks]
 
         # A chart raises an alarm only on a step its rank (or a rank of its node) measured: a
         # rank gone silent while its chart is high is not reported with nothing to show.

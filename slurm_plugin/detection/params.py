@@ -9,6 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+from numpy.typing import NDArray
+
+F64 = NDArray[np.float64]
+
 SECONDS_PER_MONTH = 30 * 24 * 3600
 DEFAULT_ARL = float(SECONDS_PER_MONTH * 16_384)  # rank-steps between false alarms (~4.2e10)
 _SIEGMUND = 1.166  # Siegmund's correction of the boundary overshoot for N(0, 1) increments
@@ -91,18 +96,26 @@ def cusum_delay(k: float, h: float, shift: float) -> float:
     return (math.exp(-x) + x - 1.0) / (2.0 * delta * delta)
 
 
-def cusum_threshold(k: float, arl: float) -> float:
-    """The threshold h whose in-control ARL (Siegmund) equals ``arl`` for reference ``k``."""
-    # Solve e^x - x - 1 = 2 k^2 arl for x = 2 k b by fixed-point iteration (converges fast
-    # because arl is large), then h = b - 1.166.
+def cusum_thresholds(k: F64, arl: float) -> F64:
+    """The thresholds h whose in-control ARL (Siegmund) equals ``arl`` for each reference in
+    ``k``: the one solver, for the detector's charts and the benchmarks alike."""
+    # Solve e^x - x - 1 = 2 k^2 arl for x = 2 k b by fixed-point iteration (converges in a few
+    # steps because arl is large), then h = b - 1.166.
+    k = np.asarray(k, dtype=np.float64)
     target = 2.0 * k * k * arl
-    x = math.log(target + 1.0)
+    x = np.log(target + 1.0)
     for _ in range(50):
-        x_next = math.log(target + x + 1.0)
-        if abs(x_next - x) < 1e-12:
-            break
+        x_next = np.log(target + x + 1.0)
+        done = bool(np.all(np.abs(x_next - x) < 1e-12))
         x = x_next
-    return max(0.0, x / (2.0 * k) - _SIEGMUND)
+        if done:
+            break
+    return np.maximum(0.0, x / (2.0 * k) - _SIEGMUND)
+
+
+def cusum_threshold(k: float, arl: float) -> float:
+    """:func:`cusum_thresholds` for one reference value."""
+    return float(cusum_thresholds(np.array([k]), arl)[0])
 
 
 def optimal_delay(shift: float, arl: float) -> float:

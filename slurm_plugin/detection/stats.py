@@ -5,11 +5,9 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from numpy.typing import NDArray
 
-from slurm_plugin.detection.params import _SIEGMUND
+from slurm_plugin.detection.params import F64
 
-F64 = NDArray[np.float64]
 MAD_TO_SIGMA = 1.4826
 
 
@@ -18,13 +16,6 @@ def row_median(values: F64) -> F64:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return np.nanmedian(values, axis=1)
-
-
-def row_quantile(values: F64, q: float) -> F64:
-    """Quantile ``q`` of each row ignoring NaN; NaN for empty rows."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanquantile(values, q, axis=1)
 
 
 def ewma(values: F64, alpha: float, start: float) -> F64:
@@ -89,12 +80,3 @@ def cusum(increments: F64, start: F64, cap: F64 | None = None) -> F64:
             value = np.clip(value + inc[row], 0.0, top[row])
             s[row, over] = value
     return s
-
-
-def thresholds(k: F64, arl: float) -> F64:
-    """Vectorised :func:`~slurm_plugin.detection.params.cusum_threshold`."""
-    target = 2.0 * k * k * arl
-    x = np.log(target + 1.0)
-    for _ in range(8):
-        x = np.log(target + x + 1.0)
-    return np.maximum(0.0, x / (2.0 * k) - _SIEGMUND)

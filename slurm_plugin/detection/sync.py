@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from slurm_plugin.detection.params import DetectionParams
-from slurm_plugin.detection.stats import F64, cusum, row_median
+from slurm_plugin.detection.params import F64, DetectionParams
+from slurm_plugin.detection.stats import cusum, row_median
 
 
 class SyncStallChart:

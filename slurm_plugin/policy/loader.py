@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -11,18 +10,12 @@ from pydantic import ValidationError
 from slurm_plugin.errors import ConfigError
 from slurm_plugin.policy.rails import rails_in
 from slurm_plugin.policy.schema import Policy
+from slurm_plugin.tomlfile import describe, read_toml
 
 
 def load_policy(path: Path) -> Policy:
     """A validated :class:`Policy` from a TOML file (its name defaults to the file stem)."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read policy: {exc.strerror}", path=path) from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"not valid TOML: {exc}", path=path) from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from exc
+    data = read_toml(path, "policy")
     data.setdefault("name", path.stem)
     misplaced = rails_in(data)
     if misplaced:
@@ -30,20 +23,8 @@ def load_policy(path: Path) -> Policy:
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            where = ".".join(str(p) for p in error["loc"])
-            problems.append(
-                f"unknown setting {where!r}"
-                if error["type"] == "extra_forbidden"
-                else f"{where}: {error['msg']}"
-            )
-        raise ConfigError(
-            "; ".join(problems), path=path, field=".".join(str(p) for p in exc.errors()[0]["loc"])
-        ) from exc
-
-
-DEFAULT_POLICY = "observe"
+        message, field = describe(exc)
+        raise ConfigError(message, path=path, field=field) from exc
 
 
 def _rails_error(misplaced: list[str]) -> str:

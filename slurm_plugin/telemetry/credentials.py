@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
+import tomli_w
+
 from slurm_plugin.errors import TelemetryError
 from slurm_plugin.model import keys
 
@@ -134,25 +136,7 @@ def credential_path(job_id: str, directory: Path | None = None) -> Path:
 def render(job_id: str, values: Mapping[str, str | bool | float]) -> str:
     """The credential file: a settings file (TOML) for the job's ranks alone."""
     header = f"# straggler: Redis credential of job {job_id} only; prolog writes, epilog deletes."
-    lines = [header]
-    for name, value in values.items():
-        if isinstance(value, bool):
-            lines.append(f"{name} = {'true' if value else 'false'}")
-        elif isinstance(value, int | float):
-            lines.append(f"{name} = {value}")
-        else:
-            escaped = "".join(_toml_char(c) for c in str(value))
-            lines.append(f'{name} = "{escaped}"')
-    return "\n".join(lines) + "\n"
-
-
-def _toml_char(char: str) -> str:
-    """One character inside a TOML basic string."""
-    if char in {'"', "\\"}:
-        return "\\" + char
-    if ord(char) < 0x20 or ord(char) == 0x7F:
-        return f"\\u{ord(char):04x}"
-    return char
+    return f"{header}\n{tomli_w.dumps(dict(values))}"
 
 
 def write_file(path: Path, text: str, uid: int, gid: int) -> None:

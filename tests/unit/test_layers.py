@@ -18,7 +18,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "slurm_plugin"
 # Lowest first. A module may import its own unit and any unit of a lower layer; two units of
 # one layer never import each other (the Slurm adapter and the Redis adapter are peers).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "_version", "logging"),
+    ("errors", "_version"),
+    ("logging", "tomlfile"),
     ("model", "probes"),  # shared value types and key schema; hardware probes
     ("detection",),  # the pure core ...
     ("policy",),  # ... and what it decides with
