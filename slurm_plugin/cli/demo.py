@@ -79,34 +79,24 @@ def demo(
     say(f"cluster up: {', '.join(f'{n} {s}' for n, s in status.nodes.items())}")
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = []
-    evicted = run_scenario(
-        settings,
-        cluster,
-        out_dir.resolve() / "evict",
-        policy="evict",
-        steps=steps,
-        slow_at=slow_at,
-        quota_pct=quota_pct,
-        redis_db=13,
-        say=say,
-    )
-    runs.append((evicted, summarize(evicted)))
-    ratio = None
-    if baseline:
-        say("\nbaseline: the same job under `observe` (detected, never evicted)")
-        observed = run_scenario(
+    # The job under `evict`, then (the baseline) the same job under `observe`: detected,
+    # never evicted. Each run has its own Redis database.
+    for policy, redis_db in (("evict", 13), ("observe", 12))[: 2 if baseline else 1]:
+        if policy == "observe":
+            say("\nbaseline: the same job under `observe` (detected, never evicted)")
+        run = run_scenario(
             settings,
             cluster,
-            out_dir.resolve() / "observe",
-            policy="observe",
+            out_dir.resolve() / policy,
+            policy=policy,
             steps=steps,
             slow_at=slow_at,
             quota_pct=quota_pct,
-            redis_db=12,
+            redis_db=redis_db,
             say=say,
         )
-        runs.append((observed, summarize(observed)))
-        ratio = evicted.total_s / observed.total_s
+        runs.append((run, summarize(run)))
+    ratio = runs[0][0].total_s / runs[1][0].total_s if baseline else None
     report = out_dir / "report.html"
     write_report(report, runs)
     (out_dir / "summary.json").write_text(json.dumps([s for _, s in runs], indent=2))

@@ -158,14 +158,6 @@ class Detector:
             state.last_ts = max(state.last_ts, float(batch.ts.max()))
             state.hang_reported_at = None
 
-    def add_records(self, records: Iterable[StepRecord]) -> None:
-        """Queue record objects (any mix of jobs)."""
-        by_job: dict[str, list[StepRecord]] = {}
-        for r in records:
-            by_job.setdefault(r.job_id, []).append(r)
-        for job_id, rows in by_job.items():
-            self.add(job_id, RecordBatch.from_records(rows))
-
     def forget(self, job_id: str) -> None:
         """Drop a finished job's state."""
         self._jobs.pop(job_id, None)

@@ -9,8 +9,17 @@ Cause = Literal["compute", "input"]
 Scope = Literal["gpu", "node"]
 
 
+class _Json:
+    """``to_dict``: the JSON-ready form of a dataclass event."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        data: dict[str, Any] = asdict(self)  # type: ignore[call-overload]
+        return data
+
+
 @dataclass(frozen=True)
-class StragglerEvent:
+class StragglerEvent(_Json):
     """One node (or one GPU of it) holds the job back."""
 
     job_id: str
@@ -34,13 +43,9 @@ class StragglerEvent:
         """How long the slowdown has lasted when reported (0 when its start is unknown)."""
         return max(0.0, self.ts - self.since_ts) if self.since_ts is not None else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return asdict(self)
-
 
 @dataclass(frozen=True)
-class HangEvent:
+class HangEvent(_Json):
     """The job made no progress for the hang timeout."""
 
     job_id: str
@@ -52,13 +57,9 @@ class HangEvent:
     attempt: int = 0
     kind: Literal["hang"] = "hang"
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return asdict(self)
-
 
 @dataclass(frozen=True)
-class SyncStallEvent:
+class SyncStallEvent(_Json):
     """Job-wide wait rose while compute stayed flat: fabric or collective trouble."""
 
     job_id: str
@@ -67,10 +68,6 @@ class SyncStallEvent:
     wait_rise_pct: float
     attempt: int = 0
     kind: Literal["sync_stall"] = "sync_stall"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return asdict(self)
 
 
 Event = StragglerEvent | HangEvent | SyncStallEvent

@@ -221,6 +221,7 @@ def _redis(settings: Settings) -> Any:
 def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult) -> None:
     """Persistent-straggler refusal, job registration, and the check result per node."""
     from slurm_plugin.model import keys  # noqa: PLC0415
+    from slurm_plugin.telemetry.store import TelemetryStore  # noqa: PLC0415
 
     try:
         client = _redis(settings)
@@ -252,10 +253,7 @@ def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult
                 "attempt": env.get("SLURM_RESTART_COUNT", "0"),
                 "registered_at": f"{time.time():.3f}",
             }
-            pipe = client.pipeline(transaction=False)
-            pipe.hset(keys.job_meta(result.job_id), mapping=meta)
-            pipe.expire(keys.job_meta(result.job_id), keys.JOB_TTL_ACTIVE_S)
-            pipe.execute()
+            TelemetryStore(client).register_job(result.job_id, meta)
         if result.job_id and settings.job_credentials:
             _issue_credential(client, settings, env, result)
         check = {
@@ -365,6 +363,7 @@ def run_epilog(env: Mapping[str, str], settings: Settings) -> HookResult:
     try:
         from slurm_plugin.model import keys  # noqa: PLC0415
         from slurm_plugin.telemetry import credentials  # noqa: PLC0415
+        from slurm_plugin.telemetry.store import TelemetryStore  # noqa: PLC0415
 
         if result.job_id and settings.job_credentials:
             # The file goes first: Redis being away must not leave a credential behind.
@@ -373,10 +372,7 @@ def run_epilog(env: Mapping[str, str], settings: Settings) -> HookResult:
         if result.job_id and settings.job_credentials:
             credentials.revoke(client, result.job_id)
         if result.job_id:
-            pipe = client.pipeline(transaction=False)
-            for key in keys.job_keys(result.job_id):
-                pipe.expire(key, keys.JOB_TTL_FINISHED_S)
-            pipe.execute()
+            TelemetryStore(client).expire_job(result.job_id)
         client.hset(
             keys.node(node),
             "last_epilog",

@@ -123,13 +123,15 @@ def _field(fields: Mapping[str, str], name: str) -> str:
         raise TelemetryError(f"steps entry lacks field {name!r}") from None
 
 
-def _int(text: str, name: str) -> int:
+def non_negative_int(text: str, name: str) -> int:
+    """``text`` as an integer >= 0; :class:`TelemetryError` naming ``name`` (a record field, an
+    environment variable) otherwise."""
     try:
         value = int(text)
     except ValueError:
-        raise TelemetryError(f"field {name!r} is not an integer: {text[:20]!r}") from None
+        raise TelemetryError(f"{name}={text[:20]!r} is not an integer") from None
     if value < 0:
-        raise TelemetryError(f"field {name!r} is negative: {value}")
+        raise TelemetryError(f"{name}={value} is negative")
     return value
 
 
@@ -147,12 +149,12 @@ def _float(text: str, name: str, *, optional: bool) -> float | None:
 
 def decode_steps(job_id: str, fields: Mapping[str, str]) -> list[StepRecord]:
     """Decode one steps-stream entry; raise :class:`TelemetryError` naming the bad field."""
-    rank = _int(_field(fields, "rank"), "rank")
-    gpu = _int(_field(fields, "gpu"), "gpu")
-    attempt = _int(fields.get("attempt", "0"), "attempt")
+    rank = non_negative_int(_field(fields, "rank"), "rank")
+    gpu = non_negative_int(_field(fields, "gpu"), "gpu")
+    attempt = non_negative_int(fields.get("attempt", "0"), "attempt")
     node = _field(fields, "node")
     group = check_group(fields["group"]) if fields.get("group") else ""
-    count = _int(_field(fields, "n"), "n")
+    count = non_negative_int(_field(fields, "n"), "n")
     if count > MAX_STEPS_PER_ENTRY:
         raise TelemetryError(f"entry claims {count} steps (max {MAX_STEPS_PER_ENTRY})")
     lines = _field(fields, "steps").split("\n") if count else []
@@ -173,7 +175,7 @@ def decode_steps(job_id: str, fields: Mapping[str, str]) -> list[StepRecord]:
                 rank=rank,
                 node=node,
                 gpu=gpu,
-                step=_int(parts[0], "step"),
+                step=non_negative_int(parts[0], "step"),
                 ts=ts,
                 step_s=step_s,
                 compute_s=_float(parts[3], "compute_s", optional=True),

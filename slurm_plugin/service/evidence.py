@@ -74,10 +74,6 @@ class EvidenceFilter:
             kept.append(record)
         return kept, dropped
 
-    def forget(self, job_id: str) -> None:
-        """Drop a finished job's bindings."""
-        self._jobs.pop(job_id, None)
-
     def forget_all_but(self, running: Iterable[str]) -> None:
         """Drop every job not in ``running``."""
         keep = set(running)

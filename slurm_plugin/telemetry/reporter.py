@@ -27,7 +27,13 @@ import structlog
 
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.model import keys
-from slurm_plugin.model.records import RawStep, check_group, encode_steps, is_valid_raw
+from slurm_plugin.model.records import (
+    RawStep,
+    check_group,
+    encode_steps,
+    is_valid_raw,
+    non_negative_int,
+)
 from slurm_plugin.telemetry import credentials
 from slurm_plugin.telemetry.store import TelemetryStore, connect_from
 
@@ -481,11 +487,5 @@ def _env_int(env: Mapping[str, str], *names: str, default: int) -> int:
         text = env.get(name)
         if text is None or text == "":
             continue
-        try:
-            value = int(text)
-        except ValueError:
-            raise StragglerError(f"{name}={text[:20]!r} is not an integer") from None
-        if value < 0:
-            raise StragglerError(f"{name}={value} is negative")
-        return value
+        return non_negative_int(text, name)
     return default

@@ -197,20 +197,12 @@ class TelemetryStore:
         pipe = self.client.pipeline(transaction=False)
         for fields in steps:
             pipe.xadd(keys.job_steps(job_id), _fields(fields), maxlen=maxlen, approximate=True)
-        for event in events:
-            pipe.xadd(
-                keys.job_events(job_id),
-                _fields(encode_json_entry(event)),
-                maxlen=keys.EVENTS_MAXLEN,
-                approximate=True,
-            )
-        for sample in gpu_samples:
-            pipe.xadd(
-                keys.job_gpu(job_id),
-                _fields(encode_json_entry(sample)),
-                maxlen=keys.GPU_MAXLEN,
-                approximate=True,
-            )
+        for key, entries, cap in (
+            (keys.job_events(job_id), events, keys.EVENTS_MAXLEN),
+            (keys.job_gpu(job_id), gpu_samples, keys.GPU_MAXLEN),
+        ):
+            for entry in entries:
+                pipe.xadd(key, _fields(encode_json_entry(entry)), maxlen=cap, approximate=True)
         if refresh_ttl:
             for key in keys.job_streams(job_id):
                 pipe.expire(key, keys.JOB_TTL_ACTIVE_S)

@@ -81,8 +81,11 @@ def test_a_malformed_group_label_is_refused_on_read(label: str) -> None:
     ("fields", "message"),
     [
         ({"node": "n", "gpu": "0", "n": "0", "steps": ""}, "lacks field 'rank'"),
-        ({"rank": "x", "node": "n", "gpu": "0", "n": "0", "steps": ""}, "'rank' is not an integer"),
-        ({"rank": "-1", "node": "n", "gpu": "0", "n": "0", "steps": ""}, "'rank' is negative"),
+        (
+            {"rank": "x", "node": "n", "gpu": "0", "n": "0", "steps": ""},
+            "rank='x' is not an integer",
+        ),
+        ({"rank": "-1", "node": "n", "gpu": "0", "n": "0", "steps": ""}, "rank=-1 is negative"),
         ({"rank": "1", "node": "n", "gpu": "0", "n": "2", "steps": "0 1 1 - - -"}, "n=2"),
         ({"rank": "1", "node": "n", "gpu": "0", "n": "1", "steps": "0 1 nan - - -"}, "step_s"),
         ({"rank": "1", "node": "n", "gpu": "0", "n": "1", "steps": "0 1 1 -2 - -"}, "compute_s"),
