@@ -53,7 +53,7 @@ def serve(settings: Settings, once: bool, dry_run: bool, as_json: bool) -> None:
                 field="slurm_bin_dir",
             )
     scheduler, state, store = build(settings)
-    state.r.ping()  # Redis unreachable: one line from the CLI, before anything else
+    state.client.ping()  # Redis unreachable: one line from the CLI, before anything else
     state.check_schema()  # a Redis written by another release: exit here
     service = Service(
         settings, scheduler, state, store, dry_run=dry_run, metrics=Metrics(settings.metrics_port)
@@ -73,21 +73,21 @@ def serve(settings: Settings, once: bool, dry_run: bool, as_json: bool) -> None:
 def jobs(settings: Settings, as_json: bool) -> None:
     """Running jobs and what the service knows of them."""
     scheduler, state, _ = build(settings)
-    state.r.ping()  # Redis away is an error even when no job runs
+    state.client.ping()  # Redis away is an error even when no job runs
     rows = []
     for job in scheduler.jobs():
         if not job.running:
             continue
-        js = state.job(job.job_id)
+        job_state = state.job(job.job_id)
         rows.append(
             {
                 "job": job.job_id,
                 "user": job.user,
-                "policy": js.get("policy") or "-",
+                "policy": job_state.get("policy") or "-",
                 "nodes": ",".join(job.nodes),
                 "restarts": job.restarts,
-                "evictions": js.get("evictions", "0"),
-                "waiting": js.get("waiting") or "-",
+                "evictions": job_state.get("evictions", "0"),
+                "waiting": job_state.get("waiting") or "-",
             }
         )
     emit_rows(

@@ -86,13 +86,13 @@ def sidecar(
 ) -> None:
     """Sample this node's GPUs (NVML) and CPU signals every INTERVAL and publish them
     (--json: one sample printed as JSON, not published, as --once)."""
-    car = Sidecar(_store(settings), node, job_id=job_id or None)
+    node_sidecar = Sidecar(_store(settings), node, job_id=job_id or None)
     try:
         if once or as_json:
-            emit_json(car.sample())
+            emit_json(node_sidecar.sample())
             return
-        car.run(interval_s, count)
+        node_sidecar.run(interval_s, count)
     except KeyboardInterrupt:
         pass
     finally:
-        car.close()
+        node_sidecar.close()

@@ -29,7 +29,10 @@ from slurm_plugin.detection.stats import (
 )
 from slurm_plugin.detection.sync import SyncStallChart
 
-_INPUT_H = 8.0
+#: Threshold of the input (data-loading) chart. Its increments are a rank's excess data time
+#: over its peers' median, in units of ``input_min_slowdown_pct``, clipped to [-1, 2], less
+#: 0.5: loading twice that minimum crosses it in ~6 steps, at the minimum in ~16.
+_INPUT_THRESHOLD = 8.0
 #: A chart never holds more than this many thresholds of evidence: over it while a shift
 #: lasts, back under it within a few steps once the shift is over.
 _CAP = 2.0
@@ -257,10 +260,12 @@ class JobDetector:
             self._warm_log2 += np.where(ok, log_ratio**2, 0.0).sum(axis=0)
             self._warm_n += ok.sum(axis=0)
 
-        k0 = np.clip(0.5 * p.min_slowdown_pct / 100.0 / spread, 0.1, 8.0)
-        k0 = np.where(live, k0, 1.0)
+        # The bank's smallest reference, in units of each rank's spread: half the smallest
+        # slowdown worth acting on; the other charts double it.
+        k_base = np.clip(0.5 * p.min_slowdown_pct / 100.0 / spread, 0.1, 8.0)
+        k_base = np.where(live, k_base, 1.0)
         arl = p.false_alarm_arl * p.charts
-        ks = [k0 * 2.0**i for i in range(p.charts)]
+        ks = [k_base * 2.0**i for i in range(p.charts)]
         hs = [cusum_thresholds(k, arl) for k in ks]
 
         # A chart raises an alarm only on a step its rank (or a rank of its node) measured: a
@@ -274,15 +279,15 @@ class JobDetector:
         med_d = row_median(b.data)
         excess_c = (c - med_c[:, None]) / med_c[:, None]
         excess_d = (b.data - med_d[:, None]) / med_c[:, None]
-        u = np.clip(excess_d / (p.input_min_slowdown_pct / 100.0), -1.0, 2.0)
-        u = np.where(np.isfinite(u) & live[:, None], u - 0.5, 0.0)
-        input_s = cusum(u, self._input_s)
+        input_inc = np.clip(excess_d / (p.input_min_slowdown_pct / 100.0), -1.0, 2.0)
+        input_inc = np.where(np.isfinite(input_inc) & live[:, None], input_inc - 0.5, 0.0)
+        input_s = cusum(input_inc, self._input_s)
         self._input_s = input_s[-1] if rows else self._input_s
-        input_hit = (input_s > _INPUT_H) & np.isfinite(b.data)
+        input_hit = (input_s > _INPUT_THRESHOLD) & np.isfinite(b.data)
 
         window = self._window(excess_c, excess_d, z, b.ts)
         events: list[Event] = []
-        events += self._straggler_events(b, rank_hit, node_hit, input_hit, k0, window)
+        events += self._straggler_events(b, rank_hit, node_hit, input_hit, k_base, window)
         warm_done = self.steps_done >= (self._warm_target or 0)
         stall = self._sync.process(b.comm, b.step_s, med_c, warm_rows, valid_rows, warm_done)
         if stall is not None:
@@ -347,7 +352,7 @@ class JobDetector:
         rank_hit: F64,
         node_hit: F64,
         input_hit: np.ndarray,
-        k0: F64,
+        k_base: F64,
         window: _Tail,
     ) -> list[Event]:
         p = self.params
@@ -388,7 +393,7 @@ class JobDetector:
             reported = self._flagged.get((node, kind))
             due = reported is None or self._rearmed(reported, int(b.steps[row]), float(b.ts[row]))
             event = (
-                self._attribute(b, row, kind, rank, node_index, -neg_score, k0, window)
+                self._attribute(b, row, kind, rank, node_index, -neg_score, k_base, window)
                 if due
                 else None
             )
@@ -440,7 +445,7 @@ class JobDetector:
         rank: int | None,
         node_index: int,
         score: float,
-        k0: F64,
+        k_base: F64,
         window: _Tail,
     ) -> StragglerEvent:
         """Build the event: which ranks, node-wide or one GPU, how much slower."""
@@ -450,12 +455,12 @@ class JobDetector:
         node_ranks = np.flatnonzero(self.rank_node == node_index)
         own = [rank] if rank is not None else node_ranks
         # The steps that carry the shift: since the alarming CUSUM run began.
-        lo += _run_start(window.z[lo:hi][:, own].mean(axis=1), float(k0[row]))
+        lo += _run_start(window.z[lo:hi][:, own].mean(axis=1), float(k_base[row]))
         excess = window.excess_data if kind == "input" else window.excess_compute
         mean_z = window.z[lo:hi][:, node_ranks].mean(axis=0)
         # Only ranks that measured the alarming step can be named.
         mean_z = np.where(np.isfinite(excess[at, node_ranks]), mean_z, -np.inf)
-        deviating = node_ranks[mean_z > k0[row]]
+        deviating = node_ranks[mean_z > k_base[row]]
         node_wide = (
             kind == "compute"
             and len(node_ranks) >= 2

@@ -22,7 +22,7 @@ class SyncStallChart:
         self.params = params
         self._warm: list[F64] = []
         self._base: tuple[float, float, float] | None = None  # wait, compute, step time
-        self._s = 0.0
+        self._level = 0.0
         self.flagged = False
 
     def process(
@@ -56,12 +56,13 @@ class SyncStallChart:
         live[:warm_rows] = False
         flat = np.abs(med_compute / base_compute - 1.0) < 0.1
         rise = (low_comm - base_comm) / base_step
-        u = np.clip(rise / (p.sync_stall_min_rise_pct / 100.0), -1.0, 4.0) - 0.5
-        u = np.where(live & flat & np.isfinite(u), u, 0.0)
-        s = cusum(u[:, None], np.array([self._s]))[:, 0]
-        if len(s):
-            self._s = float(s[-1])
-        hits = np.flatnonzero(s > 0.5 * p.sync_stall_steps)
+        # Increments: the rise in units of the smallest rise that counts, less a half.
+        inc = np.clip(rise / (p.sync_stall_min_rise_pct / 100.0), -1.0, 4.0) - 0.5
+        inc = np.where(live & flat & np.isfinite(inc), inc, 0.0)
+        chart = cusum(inc[:, None], np.array([self._level]))[:, 0]
+        if len(chart):
+            self._level = float(chart[-1])
+        hits = np.flatnonzero(chart > 0.5 * p.sync_stall_steps)
         if not len(hits):
             return None
         self.flagged = True

@@ -241,16 +241,16 @@ class Service:
 
     # -- decisions ----------------------------------------------------------------------------
     def _context(self, job: JobInfo) -> JobContext:
-        js = self.state.job(job.job_id)
+        job_state = self.state.job(job.job_id)
 
         def num(key: str) -> float | None:
-            return float(js[key]) if js.get(key) else None
+            return float(job_state[key]) if job_state.get(key) else None
 
         return JobContext(
-            evictions=int(js.get("evictions", "0") or 0),
+            evictions=int(job_state.get("evictions", "0") or 0),
             last_eviction_ts=num("last_eviction_ts"),
             last_checkpoint_ts=num("last_checkpoint_ts"),
-            reports_checkpoints=js.get("reports_checkpoints") == "1",
+            reports_checkpoints=job_state.get("reports_checkpoints") == "1",
             waiting_since=num("waiting_since"),
         )
 

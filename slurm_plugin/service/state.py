@@ -55,7 +55,7 @@ class ServiceState:
         *,
         retention_s: float = 90 * 24 * 3600.0,
     ) -> None:
-        self.r = client
+        self.client = client
         self.clock = clock
         self.retention_s = int(retention_s)
 
@@ -66,7 +66,7 @@ class ServiceState:
         now = self.clock()
         state = fields.get("state")
         if state is not None:
-            current = cast("str | None", self.r.hget(keys.decision(decision_id), "state"))
+            current = cast("str | None", self.client.hget(keys.decision(decision_id), "state"))
             if _STATE_ORDER.get(str(state), 0) < _STATE_ORDER.get(current or "", 0):
                 log.warning("state.stale_write", decision_id=decision_id, state=state, was=current)
                 return
@@ -80,13 +80,13 @@ class ServiceState:
         # all the state changes of a decision, and each row says what it was about.
         named = ("job_id", "node", "action")
         if any(name not in flat for name in named):
-            known = cast("list[str | None]", self.r.hmget(keys.decision(decision_id), named))
+            known = cast("list[str | None]", self.client.hmget(keys.decision(decision_id), named))
             for name, value in zip(named, known, strict=True):
                 if value is not None:
                     flat.setdefault(name, value)
         if state == "held":
             flat.setdefault("held_ts", f"{now:.3f}")
-        pipe = self.r.pipeline(transaction=False)
+        pipe = self.client.pipeline(transaction=False)
         pipe.hset(keys.decision(decision_id), mapping=cast("dict[Any, Any]", flat))
         pipe.expire(keys.decision(decision_id), self.retention_s)
         if "job_id" in flat:
@@ -110,11 +110,11 @@ class ServiceState:
 
     def decision(self, decision_id: str) -> dict[str, str]:
         """One decision's fields."""
-        return cast("dict[str, str]", self.r.hgetall(keys.decision(decision_id)))
+        return cast("dict[str, str]", self.client.hgetall(keys.decision(decision_id)))
 
     def open_decisions(self) -> list[dict[str, str]]:
         """Decisions that have not reached a final state."""
-        ids = sorted(cast("set[str]", self.r.smembers(keys.DECISIONS_OPEN)))
+        ids = sorted(cast("set[str]", self.client.smembers(keys.DECISIONS_OPEN)))
         return [{"id": i, **self.decision(i)} for i in ids]
 
     def audit(
@@ -134,7 +134,7 @@ class ServiceState:
         while len(out) < count:
             page = cast(
                 "list[tuple[str, dict[str, str]]]",
-                self.r.xrange(keys.DECISIONS, min=start, count=1000),
+                self.client.xrange(keys.DECISIONS, min=start, count=1000),
             )
             for entry_id, fields in page:
                 if job_id is None or fields.get("job_id") == job_id:
@@ -149,8 +149,8 @@ class ServiceState:
     def job_decisions(self, job_id: str) -> list[dict[str, str]]:
         """A job's decisions with their latest fields (``held_ts``: when the job was requeued),
         ordered by detection time; decisions past their retention are gone."""
-        ids = sorted(cast("set[str]", self.r.smembers(keys.job_decisions(job_id))))
-        pipe = self.r.pipeline(transaction=False)
+        ids = sorted(cast("set[str]", self.client.smembers(keys.job_decisions(job_id))))
+        pipe = self.client.pipeline(transaction=False)
         for decision_id in ids:
             pipe.hgetall(keys.decision(decision_id))
         found = zip(ids, cast("list[dict[str, str]]", pipe.execute()), strict=True)
@@ -161,17 +161,17 @@ class ServiceState:
 
     def evictions_since(self, since: float) -> int:
         """Evictions (jobs requeue-held by us) since ``since``, for the hourly budget."""
-        return int(self.r.zcount(keys.EVICTIONS, since, "+inf"))
+        return int(self.client.zcount(keys.EVICTIONS, since, "+inf"))
 
     # -- per-job state -------------------------------------------------------------------------
     def job(self, job_id: str) -> dict[str, str]:
         """The service's state for a job (cursors, evictions...)."""
-        return cast("dict[str, str]", self.r.hgetall(keys.job_service(job_id)))
+        return cast("dict[str, str]", self.client.hgetall(keys.job_service(job_id)))
 
     def update_job(self, job_id: str, **fields: Any) -> None:
         """Merge fields into the job's service state."""
         key = keys.job_service(job_id)
-        pipe = self.r.pipeline(transaction=False)
+        pipe = self.client.pipeline(transaction=False)
         pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
         pipe.expire(key, keys.JOB_TTL_ACTIVE_S)
         pipe.execute()
@@ -179,30 +179,30 @@ class ServiceState:
     def uncount_eviction(self, job_id: str) -> None:
         """An eviction counted before acting never happened: give the job its count back."""
         key = keys.job_service(job_id)
-        if int(self.r.hincrby(key, "evictions", -1)) < 0:
-            self.r.hset(key, "evictions", "0")
-        self.r.hset(key, "last_eviction_ts", "")
+        if int(self.client.hincrby(key, "evictions", -1)) < 0:
+            self.client.hset(key, "evictions", "0")
+        self.client.hset(key, "last_eviction_ts", "")
 
     def count_ignored(self, job_id: str, dropped: Mapping[str, int]) -> None:
         """Add to the job's counts of telemetry records not believed, by reason."""
         key = keys.job_service(job_id)
-        pipe = self.r.pipeline(transaction=False)
+        pipe = self.client.pipeline(transaction=False)
         for reason, count in dropped.items():
             pipe.hincrby(key, f"ignored_{reason}", count)
         pipe.execute()
 
     def node(self, node: str) -> dict[str, str]:
         """A node's raw hash (history, state, last_check, prolog_finding...)."""
-        return cast("dict[str, str]", self.r.hgetall(keys.node(node)))
+        return cast("dict[str, str]", self.client.hgetall(keys.node(node)))
 
     def job_meta(self, job_id: str) -> dict[str, str]:
         """The job's registration (prolog), if any."""
-        return cast("dict[str, str]", self.r.hgetall(keys.job_meta(job_id)))
+        return cast("dict[str, str]", self.client.hgetall(keys.job_meta(job_id)))
 
     # -- nodes -----------------------------------------------------------------------------------
     def node_history(self, node: str) -> NodeHistory:
         """A node's history (empty when unknown or unreadable)."""
-        raw = cast("str | None", self.r.hget(keys.node(node), "history"))
+        raw = cast("str | None", self.client.hget(keys.node(node), "history"))
         if not raw:
             return NodeHistory(node)
         try:
@@ -217,7 +217,7 @@ class ServiceState:
     def save_node_history(self, history: NodeHistory) -> None:
         """Persist a node's history and its state for quick listing."""
         data = asdict(history)
-        self.r.hset(
+        self.client.hset(
             keys.node(history.node),
             mapping={
                 "history": json.dumps(data),
@@ -229,7 +229,7 @@ class ServiceState:
     def nodes(self) -> list[NodeHistory]:
         """Every node with a history."""
         found = []
-        for key in self.r.scan_iter(match=f"{keys.PREFIX}node:*", count=500):
+        for key in self.client.scan_iter(match=f"{keys.PREFIX}node:*", count=500):
             name = str(key).split(":", 2)[2]
             try:
                 found.append(self.node_history(name))
@@ -240,18 +240,18 @@ class ServiceState:
     # -- applied policies and prolog findings ----------------------------------------------
     def apply_policy(self, name: str, policy_json: str) -> None:
         """Store a validated policy; it overrides the file of the same name."""
-        self.r.set(keys.policy(name), policy_json)
+        self.client.set(keys.policy(name), policy_json)
 
     def revert_policy(self, name: str) -> bool:
         """Drop an applied policy (the file of that name, if any, counts again); False when
         none was applied under ``name``."""
-        return bool(self.r.delete(keys.policy(name)))
+        return bool(self.client.delete(keys.policy(name)))
 
     def applied_policies(self) -> dict[str, str]:
         """Policies applied through Redis, as JSON by name."""
         found = {}
-        for key in self.r.scan_iter(match=f"{keys.PREFIX}policy:*", count=200):
-            raw = cast("str | None", self.r.get(key))
+        for key in self.client.scan_iter(match=f"{keys.PREFIX}policy:*", count=200):
+            raw = cast("str | None", self.client.get(key))
             if raw:
                 found[str(key).split(":", 2)[2]] = raw
         return found
@@ -261,7 +261,7 @@ class ServiceState:
         it passes), or None."""
         finding, ts = cast(
             "list[str | None]",
-            self.r.hmget(keys.node(node), ["prolog_finding", "prolog_finding_ts"]),
+            self.client.hmget(keys.node(node), ["prolog_finding", "prolog_finding_ts"]),
         )
         if not finding:
             return None
@@ -271,20 +271,21 @@ class ServiceState:
             return finding, None
 
     def set_prolog_finding(self, node: str, finding: str) -> None:
-        """Record a failed prolog's finding, now (what the prolog does; tests use it too)."""
-        self.r.hset(
+        """Record a failed prolog's finding on ``node``, now: the fields the prolog writes
+        itself (``health/hook.py``) when it fails; tests stand in for a failed prolog with it."""
+        self.client.hset(
             keys.node(node),
             mapping={"prolog_finding": finding, "prolog_finding_ts": f"{self.clock():.3f}"},
         )
 
     def clear_prolog_finding(self, node: str) -> None:
         """The finding was used (or is stale): forget it."""
-        self.r.hdel(keys.node(node), "prolog_finding", "prolog_finding_ts")
+        self.client.hdel(keys.node(node), "prolog_finding", "prolog_finding_ts")
 
     def refuse(self, node: str, decision_id: str, reason: str) -> None:
         """Ask every prolog on ``node`` to fail (so Slurm keeps it out) until forgiven. Only the
         service, after its rails, and an admin's `node mark ... persistent` write this."""
-        self.r.hset(
+        self.client.hset(
             keys.node(node),
             "refusal",
             json.dumps({"decision_id": decision_id, "reason": reason, "at": self.clock()}),
@@ -292,7 +293,7 @@ class ServiceState:
 
     def refusal(self, node: str) -> dict[str, Any] | None:
         """The standing refusal of ``node``, if any."""
-        raw = cast("str | None", self.r.hget(keys.node(node), "refusal"))
+        raw = cast("str | None", self.client.hget(keys.node(node), "refusal"))
         try:
             return cast("dict[str, Any]", json.loads(raw)) if raw else None
         except ValueError:
@@ -300,51 +301,53 @@ class ServiceState:
 
     def withdraw_refusal(self, node: str) -> None:
         """Let prologs on ``node`` pass again."""
-        self.r.hdel(keys.node(node), "refusal")
+        self.client.hdel(keys.node(node), "refusal")
 
     # -- switches --------------------------------------------------------------------------------
     def pause(self, seconds: float, who: str = "") -> None:
         """Stop all actions for ``seconds`` (detection and audit go on)."""
-        self.r.set(keys.PAUSE, json.dumps({"by": who, "at": self.clock()}), px=int(seconds * 1000))
+        self.client.set(
+            keys.PAUSE, json.dumps({"by": who, "at": self.clock()}), px=int(seconds * 1000)
+        )
 
     def paused(self) -> float | None:
         """Seconds of pause left, or None."""
-        ttl = int(self.r.pttl(keys.PAUSE))
+        ttl = int(self.client.pttl(keys.PAUSE))
         return ttl / 1000.0 if ttl and ttl > 0 else None
 
     def open_breaker(self, why: str) -> None:
         """Stop all actions until an admin resumes."""
-        self.r.set(keys.BREAKER, json.dumps({"why": why, "at": self.clock()}))
+        self.client.set(keys.BREAKER, json.dumps({"why": why, "at": self.clock()}))
 
     def breaker(self) -> str | None:
         """Why the circuit breaker is open, or None."""
-        raw = cast("str | None", self.r.get(keys.BREAKER))
+        raw = cast("str | None", self.client.get(keys.BREAKER))
         return json.loads(raw)["why"] if raw else None
 
     def resume(self) -> None:
         """Lift a pause and close the circuit breaker."""
-        self.r.delete(keys.PAUSE, keys.BREAKER)
+        self.client.delete(keys.PAUSE, keys.BREAKER)
 
     # -- leadership --------------------------------------------------------------------------
     def lead(self, instance: str, ttl_s: float) -> bool:
         """Take or keep the leader lock; True when ``instance`` leads. Keeping it is one atomic
         step (extend only while the lock still names us), so two instances never both lead."""
         ttl_ms = max(1, int(ttl_s * 1000))
-        if self.r.set(keys.LEADER, instance, nx=True, px=ttl_ms):
+        if self.client.set(keys.LEADER, instance, nx=True, px=ttl_ms):
             return True
-        return bool(self.r.eval(_EXTEND_IF_OWNER, 1, keys.LEADER, instance, ttl_ms))
+        return bool(self.client.eval(_EXTEND_IF_OWNER, 1, keys.LEADER, instance, ttl_ms))
 
     def step_down(self, instance: str) -> bool:
         """Give the lock up (only if ``instance`` holds it), so a standby can lead."""
-        return bool(self.r.eval(_DELETE_IF_OWNER, 1, keys.LEADER, instance))
+        return bool(self.client.eval(_DELETE_IF_OWNER, 1, keys.LEADER, instance))
 
     def check_schema(self) -> int:
         """The key layout's version in Redis. An empty or pre-versioning Redis (version 1 had
         no marker) is stamped with ours; any other version stops ``serve`` before it acts: a
         newer one was written by a newer release (roll that host forward, or restore Redis
         from before the upgrade), an older one needs a migration this release does not have."""
-        self.r.set(keys.SCHEMA, keys.SCHEMA_VERSION, nx=True)
-        raw = self.r.get(keys.SCHEMA)
+        self.client.set(keys.SCHEMA, keys.SCHEMA_VERSION, nx=True)
+        raw = self.client.get(keys.SCHEMA)
         try:
             found = int(str(raw))
         except ValueError:
@@ -360,15 +363,15 @@ class ServiceState:
 
     def leads(self, instance: str) -> bool:
         """The fence before every Slurm action: the lock still names ``instance``."""
-        return bool(self.r.get(keys.LEADER) == instance)
+        return bool(self.client.get(keys.LEADER) == instance)
 
     def heartbeat(self, instance: str, info: dict[str, Any]) -> None:
         """Say we are alive (read by `straggler status`)."""
-        self.r.set(
+        self.client.set(
             keys.HEARTBEAT, json.dumps({"instance": instance, "ts": self.clock(), **info}), ex=300
         )
 
     def last_heartbeat(self) -> dict[str, Any] | None:
         """The last heartbeat, if any."""
-        raw = cast("str | None", self.r.get(keys.HEARTBEAT))
+        raw = cast("str | None", self.client.get(keys.HEARTBEAT))
         return cast("dict[str, Any]", json.loads(raw)) if raw else None

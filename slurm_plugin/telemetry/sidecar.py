@@ -1,8 +1,10 @@
 """The per-node sidecar: every interval, sample GPUs (NVML) and CPU signals and publish them.
 
-With a job id the samples go to the job's ``gpu`` stream (the detector corroborates a straggler
-with them); without one, the latest sample is kept in the node's hash. Redis trouble is logged
-and retried at the next tick; the sidecar itself never stops on it.
+Without a job id (the root-owned unit, one per node) the latest sample is kept in the node's
+hash: the service reads it as hardware evidence for a straggler on that node. With a job id (run
+inside a job, as the job's user) the samples go to the job's ``gpu`` stream, which the job could
+forge: the service shows them, and they never corroborate (``service/evidence.py``). Redis
+trouble is logged and retried at the next tick; the sidecar itself never stops on it.
 """
 
 from __future__ import annotations

@@ -439,7 +439,7 @@ def test_slurmctld_stopped_for_30_seconds_forgets_and_revokes_nothing(
     service = services.start()
     job = _submit(slurm, job_dir, "observe")  # observe: detection happens, nothing acts
     slurm.wait_job(job, "RUNNING")
-    credentials.issue(state.r, job)  # what the prolog does with job_credentials = true
+    credentials.issue(state.client, job)  # what the prolog does with job_credentials = true
     user = credentials.username(job)
     wait_for(lambda: "steps_cursor" in state.job(job), 60, "the service to read the job")
     before = dict(state.job(job))
@@ -460,7 +460,7 @@ def test_slurmctld_stopped_for_30_seconds_forgets_and_revokes_nothing(
     assert "Traceback" not in cli.stderr
     services.wait_failed_cycles(3, "slurmctld being away", timeout_s=60)
     while time.monotonic() - signal_sent < 30:
-        assert user in acl_users(state.r), "a credential was revoked while Slurm was away"
+        assert user in acl_users(state.client), "a credential was revoked while Slurm was away"
         time.sleep(1)
     after = state.job(job)
     assert int(after["steps_cursor"].split("-")[0]) >= int(before["steps_cursor"].split("-")[0])
@@ -474,7 +474,7 @@ def test_slurmctld_stopped_for_30_seconds_forgets_and_revokes_nothing(
     )
     assert (state.last_heartbeat() or {}).get("jobs") == 1
     assert slurm.job(job)["JobState"] == "RUNNING"
-    assert user in acl_users(state.r)
+    assert user in acl_users(state.client)
     log = (tmp_path / "service-0.log").read_text(errors="replace")
     assert "credentials_revoked" not in log
     assert service.poll() is None, "the service died with slurmctld"

@@ -313,10 +313,10 @@ def test_only_root_written_hardware_evidence_corroborates(
     store.publish("77", gpu_samples=[forged])
     trusted, reported = gather_evidence(state, store, "77", "node3", [1])
     assert (trusted, reported) == ([], ["gpu1 xid 79"])
-    state.r.hset(keys.node("node3"), "sidecar", json.dumps(sample))
+    state.client.hset(keys.node("node3"), "sidecar", json.dumps(sample))
     trusted, _ = gather_evidence(state, store, "77", "node3", [1])
     assert trusted == ["gpu1 hw_slowdown"]
-    state.r.hset(keys.node("node3"), "sidecar", "{not json")
+    state.client.hset(keys.node("node3"), "sidecar", "{not json")
     assert gather_evidence(state, store, "77", "node3", [1]) == ([], [])
 
 

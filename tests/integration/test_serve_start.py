@@ -44,15 +44,15 @@ def test_a_broken_instance_exits_without_taking_the_lock(
 ) -> None:
     """A good instance leads; a second one started with a fatal configuration exits non-zero
     at once with one line, and the good instance keeps the lock and keeps cycling."""
-    wait_for(lambda: state.r.get(keys.LEADER) is not None, 30, "the good instance to lead")
-    leader = state.r.get(keys.LEADER)
+    wait_for(lambda: state.client.get(keys.LEADER) is not None, 30, "the good instance to lead")
+    leader = state.client.get(keys.LEADER)
     result = _serve(env, **override)
     lines = (result.stdout + result.stderr).strip().splitlines()
     assert result.returncode == 2, lines
     assert len(lines) == 1, lines
     assert says in lines[0], lines
     assert "Traceback" not in result.stderr
-    assert state.r.get(keys.LEADER) == leader
+    assert state.client.get(keys.LEADER) == leader
     beat = state.last_heartbeat()
     assert beat is not None
     wait_for(lambda: (state.last_heartbeat() or {}).get("ts", 0) > beat["ts"], 30, "another cycle")
@@ -65,18 +65,18 @@ def test_serve_stamps_an_empty_redis_and_refuses_another_layout(
     """The first `serve` writes the schema version; a Redis that says another version (a newer
     release wrote it, or an old one never migrated) stops `serve` before the lock, and the
     marker is left as found."""
-    state.r.delete(keys.SCHEMA, keys.LEADER)
+    state.client.delete(keys.SCHEMA, keys.LEADER)
     once = _serve(env, "--once")
     assert once.returncode == 0, once.stderr[-2000:]
-    assert state.r.get(keys.SCHEMA) == str(keys.SCHEMA_VERSION)
-    state.r.delete(keys.LEADER)
-    state.r.set(keys.SCHEMA, keys.SCHEMA_VERSION + 1)
+    assert state.client.get(keys.SCHEMA) == str(keys.SCHEMA_VERSION)
+    state.client.delete(keys.LEADER)
+    state.client.set(keys.SCHEMA, keys.SCHEMA_VERSION + 1)
     newer = _serve(env)
     lines = (newer.stdout + newer.stderr).strip().splitlines()
     assert newer.returncode == 2, lines
     assert len(lines) == 1, lines
     assert f"version '{keys.SCHEMA_VERSION + 1}'" in lines[0]
     assert "docs/deploy.md" in lines[0]
-    assert state.r.get(keys.LEADER) is None
-    assert state.r.get(keys.SCHEMA) == str(keys.SCHEMA_VERSION + 1)
-    state.r.set(keys.SCHEMA, keys.SCHEMA_VERSION)
+    assert state.client.get(keys.LEADER) is None
+    assert state.client.get(keys.SCHEMA) == str(keys.SCHEMA_VERSION + 1)
+    state.client.set(keys.SCHEMA, keys.SCHEMA_VERSION)

@@ -373,7 +373,7 @@ def test_policy_apply_diff_and_node_mark(
     assert ghost.returncode == 2
     assert "Slurm knows no node 'node99'" in ghost.stderr
     assert state.node_history("node99").state == "ok"  # no ghost history written
-    assert not state.r.exists(keys.node("node99"))
+    assert not state.client.exists(keys.node("node99"))
 
 
 def test_prolog_drain_gets_the_prologs_finding(
@@ -404,17 +404,17 @@ def test_status_is_a_health_check(env: dict[str, str], state: ServiceState) -> N
     def status() -> subprocess.CompletedProcess[str]:
         return _cli_run(env, "status")
 
-    state.r.delete(keys.HEARTBEAT)
+    state.client.delete(keys.HEARTBEAT)
     none = status()
     assert none.returncode == 1
     assert "no heartbeat" in none.stdout
     beat = {"instance": "host:1", "jobs": 0, "ranks": 0, "records": 0}
-    state.r.set(keys.HEARTBEAT, json.dumps({**beat, "ts": time.time() - 600}))
+    state.client.set(keys.HEARTBEAT, json.dumps({**beat, "ts": time.time() - 600}))
     stale = status()
     assert stale.returncode == 1
     assert "STALE" in stale.stdout
     assert "last cycle 6" in stale.stdout  # ~600 s ago
-    state.r.set(keys.HEARTBEAT, json.dumps({**beat, "ts": time.time()}))
+    state.client.set(keys.HEARTBEAT, json.dumps({**beat, "ts": time.time()}))
     state.pause(1800)
     fresh = status()
     assert fresh.returncode == 0, fresh.stdout
