@@ -8,7 +8,8 @@ every ``--interval`` seconds (default 2, the service's default) in this process.
 cycle time, how far the service lagged behind, Redis memory against the stream cap, and the
 decisions taken.
 
-Usage: ``python -m benchmarks.bench_load [--seconds 300] [--ranks 16384] [--interval 2]``
+Usage: ``python -m benchmarks.bench_load [--seconds 300] [--ranks 16384] [--interval 2]
+[--relayed]`` (``--relayed``: the entries node relays write, one per node and second).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from benchmarks._common import machine, table
 from benchmarks.bench_service import StaticScheduler
 from slurm_plugin.config import Settings
 from slurm_plugin.model import keys
-from slurm_plugin.model.records import encode_steps
+from slurm_plugin.model.records import encode_relayed, encode_steps
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.telemetry.store import TelemetryStore, connect
@@ -46,9 +47,12 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def produce(url: str, ranks: int, seconds: float, start: float, published: Any) -> None:
+def produce(
+    url: str, ranks: int, seconds: float, start: float, published: Any, relayed: bool
+) -> None:
     """Publish one step per rank per second until ``seconds`` have passed; counts the
-    records Redis accepted in ``published`` (a shared integer)."""
+    records Redis accepted in ``published`` (a shared integer). ``relayed``: one entry per
+    node and second packing its ranks' flushes, what node relays write."""
     store = TelemetryStore(connect(url, timeout_s=10))
     maxlen = keys.steps_maxlen(ranks, 1.0)
     rng = random.Random(7)  # noqa: S311 - noise, not cryptography
@@ -61,9 +65,16 @@ def produce(url: str, ranks: int, seconds: float, start: float, published: Any) 
             compute = 0.7 * factor * (1 + 0.01 * rng.gauss(0, 1))
             raw = (step, now, 1.0, compute, 1.0 - compute, 0.01)
             entries.append(encode_steps(rank, f"gpu{rank // PER_NODE:05d}", rank % 8, 0, [raw]))
+        records = [1] * len(entries)  # one record per entry here
+        if relayed:
+            nodes = range(0, len(entries), PER_NODE)
+            entries = [
+                encode_relayed(f"gpu{i // PER_NODE:05d}", entries[i : i + PER_NODE]) for i in nodes
+            ]
+            records = [len(range(i, min(i + PER_NODE, ranks))) for i in nodes]
         for i in range(0, len(entries), 4096):
             store.publish(JOB, entries[i : i + 4096], steps_maxlen=maxlen)
-            published.value += len(entries[i : i + 4096])  # one record per entry here
+            published.value += sum(records[i : i + 4096])
         step += 1
         time.sleep(max(0.0, start + step - time.time()))
 
@@ -148,6 +159,7 @@ def report(
         ["measurement", "figure"],
         [
             ["ranks x rate x duration", f"{args.ranks:,} x 1 step/s x {args.seconds:.0f} s"],
+            ["entries", "one per node and second (relayed)" if args.relayed else "one per rank"],
             ["service interval", f"{args.interval:g} s"],
             ["records published / ingested", f"{published:,} / {seen.records:,}"],
             ["steps entries lost (trimmed before read)", f"{lost:,}"],
@@ -176,6 +188,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=300.0)
     parser.add_argument("--ranks", type=int, default=16_384)
     parser.add_argument("--interval", type=float, default=2.0, help="service_interval_s")
+    parser.add_argument(
+        "--relayed",
+        action="store_true",
+        help="publish as node relays do: one entry per node and second (8 ranks each)",
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="straggler-load-"))
     server, url = start_redis(workdir)
@@ -192,7 +209,9 @@ def main() -> None:
     )
     start = time.time() + 1.0
     published = mp.Value("q", 0)
-    producer = mp.Process(target=produce, args=(url, args.ranks, args.seconds, start, published))
+    producer = mp.Process(
+        target=produce, args=(url, args.ranks, args.seconds, start, published, args.relayed)
+    )
     producer.start()
     try:
         seen = run_service(service, admin, start, start + args.seconds + 2, args.interval)

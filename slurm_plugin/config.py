@@ -86,6 +86,12 @@ class Settings(BaseSettings):
     telemetry_buffer_records: int = Field(
         default=100_000, ge=100, description="Records a reporter keeps while Redis is away."
     )
+    telemetry_relay_socket: Path | None = Field(
+        default=Path("/run/slurm-straggler/relay.sock"),
+        description="The node relay's socket (`straggler relay`): ranks publish through it, so "
+        "Redis sees one connection per node; without a relay answering there they publish "
+        "to Redis themselves. None: never use a relay.",
+    )
     policy_dir: Path = Field(
         default=Path("/etc/slurm-straggler/policies"),
         description="Directory of policy files (*.toml); the service re-reads it every cycle.",

@@ -16,7 +16,7 @@ from slurm_plugin.cli.backtest import backtest
 from slurm_plugin.cli.demo import demo
 from slurm_plugin.cli.devcluster import devcluster
 from slurm_plugin.cli.output import emit_json, emit_table
-from slurm_plugin.cli.telemetry import export, sidecar
+from slurm_plugin.cli.telemetry import export, relay, sidecar
 from slurm_plugin.config import Settings, load_settings, redact_url, resolve_config_path
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.logging import configure_logging
@@ -140,6 +140,7 @@ cli.add_command(demo)
 cli.add_command(devcluster)
 cli.add_command(export)
 cli.add_command(sidecar)
+cli.add_command(relay)
 for _command in ADMIN_COMMANDS:
     cli.add_command(_command)
 

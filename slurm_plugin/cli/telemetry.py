@@ -1,8 +1,10 @@
-"""``straggler export`` and ``straggler sidecar``: telemetry commands."""
+"""``straggler export``, ``straggler sidecar`` and ``straggler relay``: telemetry commands."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -12,7 +14,9 @@ import click
 from slurm_plugin.cli.common import json_option
 from slurm_plugin.cli.output import emit_json
 from slurm_plugin.config import Settings
+from slurm_plugin.errors import StragglerError
 from slurm_plugin.model.records import sort_records
+from slurm_plugin.telemetry.relay import Relay
 from slurm_plugin.telemetry.sidecar import Sidecar
 from slurm_plugin.telemetry.store import TelemetryStore, connect_from
 from slurm_plugin.trace import write_trace
@@ -96,3 +100,56 @@ def sidecar(
         pass
     finally:
         node_sidecar.close()
+
+
+@click.command("relay")
+@click.option(
+    "--node",
+    default=lambda: os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],
+    help="This node's name, put on every flush relayed (default: this host).",
+)
+@click.option(
+    "--socket",
+    "socket_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Unix socket to listen on (default: the telemetry_relay_socket setting).",
+)
+@click.option(
+    "--tick",
+    "tick_s",
+    type=click.FloatRange(min=0.05, max=10.0),
+    default=1.0,
+    show_default=True,
+    help="Seconds between writes: each writes one entry per job with the flushes received.",
+)
+@json_option
+@click.pass_obj
+def relay(
+    settings: Settings, node: str, socket_path: Path | None, tick_s: float, as_json: bool
+) -> None:
+    """Publish this node's ranks' step timings over one Redis connection (run as root, one per
+    node): ranks send their flushes to the socket, and the relay refuses a flush for any job
+    but the sending process's own. On SIGTERM it stops; --json then prints what it relayed."""
+    path = socket_path or settings.telemetry_relay_socket
+    if path is None:
+        raise click.UsageError("no socket: give --socket or set telemetry_relay_socket")
+    server = Relay(_store(settings), node, path, tick_s=tick_s)
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    try:
+        server.start()
+    except OSError as exc:
+        raise StragglerError(
+            f"cannot listen on {path}: {exc.strerror or exc} (hint: run it as root, or give "
+            "--socket a path you may create)"
+        ) from exc
+    with contextlib.suppress(KeyboardInterrupt):
+        server.serve_forever()
+    counts = {"flushes": server.flushes, "entries": server.entries, "refused": server.refused}
+    if as_json:
+        emit_json({"node": node, **counts})
+    else:
+        click.echo(
+            f"relayed {server.flushes} flushes in {server.entries} entries, "
+            f"refused {server.refused}",
+            err=True,
+        )

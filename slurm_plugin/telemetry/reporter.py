@@ -35,6 +35,7 @@ from slurm_plugin.model.records import (
     non_negative_int,
 )
 from slurm_plugin.telemetry import credentials
+from slurm_plugin.telemetry.relay import RelayClient, RelayRefusedError
 from slurm_plugin.telemetry.store import TelemetryStore, connect_from
 
 log = structlog.get_logger(__name__)
@@ -148,6 +149,7 @@ class StepReporter:
         backoff_s: tuple[float, float] = (0.5, 15.0),
         enabled: bool = True,
         group: str = "",
+        relay_socket: Path | None = None,
     ) -> None:
         self.job_id = keys.check_job_id(job_id) if enabled else job_id
         self.node = keys.check_node(node) if enabled else node
@@ -159,7 +161,11 @@ class StepReporter:
         self.group = check_group(group) if enabled and group else ""
         self.enabled = enabled and store_factory is not None
         self._store_factory = store_factory
-        self._store: TelemetryStore | None = None
+        self._store: TelemetryStore | RelayClient | None = None
+        #: The node relay's socket: flushes go there while a relay answers on it, to Redis
+        #: directly otherwise (and for good once the relay refuses this process).
+        self._relay_socket = relay_socket
+        self._relay_refused = False
         self._cap = buffer_records
         self._buf: deque[tuple[Any, ...]] = deque(maxlen=buffer_records)
         self._events: deque[dict[str, Any]] = deque(maxlen=1000)
@@ -245,6 +251,7 @@ class StepReporter:
                 flush_interval_s=settings.telemetry_flush_interval_s,
                 buffer_records=settings.telemetry_buffer_records,
                 group=group,
+                relay_socket=settings.telemetry_relay_socket,
             )
         except StragglerError as exc:
             return cls.disabled(f"telemetry misconfigured: {exc}")
@@ -304,6 +311,8 @@ class StepReporter:
         self._thread.join(timeout_s)
         self._thread = None
         _live.discard(self)
+        if isinstance(self._store, RelayClient):
+            self._store.close()
 
     def __enter__(self) -> StepReporter:
         return self
@@ -405,9 +414,8 @@ class StepReporter:
         if not pending and not events and not lost:
             return True
         if self._store is None:
-            assert self._store_factory is not None  # noqa: S101 - enabled implies a factory
             try:
-                self._store = self._store_factory()
+                self._store = self._connect()
             except StragglerError as exc:
                 return self._failed(pending, events, exc)
         now = time.monotonic()
@@ -449,12 +457,31 @@ class StepReporter:
             )
         return True
 
+    def _connect(self) -> TelemetryStore | RelayClient:
+        """The node's relay when one answers (and has not refused us), else Redis itself."""
+        if self._relay_socket is not None and not self._relay_refused:
+            try:
+                return RelayClient.connect(self._relay_socket)
+            except OSError:
+                pass  # no relay on this node (or it is restarting): publish ourselves
+        assert self._store_factory is not None  # noqa: S101 - enabled implies a factory
+        return self._store_factory()
+
     def _failed(
         self,
         pending: list[_Entry],
         events: list[dict[str, Any]],
         exc: Exception,
     ) -> bool:
+        if isinstance(self._store, RelayClient):
+            # Next time: the relay again if it is back, else Redis directly.
+            self._store.close()
+            self._store = None
+        if isinstance(exc, RelayRefusedError) and not self._relay_refused:
+            self._relay_refused = True
+            log.warning(
+                "telemetry.relay_refused", job_id=self.job_id, rank=self.rank, error=str(exc)
+            )
         self._pending = pending
         for event in reversed(events):
             self._events.appendleft(event)

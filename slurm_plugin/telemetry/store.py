@@ -26,6 +26,7 @@ from slurm_plugin.model.records import (
     decode_steps,
     encode_json_entry,
     flush_id,
+    split_entry,
     to_text,
 )
 
@@ -147,9 +148,10 @@ class StepsPage:
     records: list[StepRecord]
     last_id: str
     malformed: int
-    #: Stream entries read (each one rank's flush of several steps).
+    #: Stream entries read (each one rank's flush of several steps, or a node relay's entry
+    #: packing several ranks' flushes).
     entries: int = 0
-    #: Entries skipped as repeats of an entry already read (a retried flush stored twice).
+    #: Rank flushes skipped as repeats of one already read (a retried flush stored twice).
     repeats: int = 0
 
 
@@ -265,19 +267,27 @@ class TelemetryStore:
         last = after
         for entry_id, raw in entries:
             last = entry_id.decode()
-            fields = to_text(raw)  # type: ignore[arg-type]
-            flush = flush_id(fields) if seen is not None else None
-            if seen is not None and flush is not None:
-                key = (fields.get("rank", ""), flush[0])
-                if flush[1] <= seen.get(key, -1):
-                    repeats += 1
-                    continue
-                seen[key] = flush[1]
             try:
-                records.extend(decode_steps(job_id, fields))
+                flushes = split_entry(to_text(raw))  # type: ignore[arg-type]
             except TelemetryError as exc:
+                flushes = []
                 malformed += 1
                 log.warning("telemetry.malformed_entry", job_id=job_id, entry=last, error=str(exc))
+            for fields in flushes:
+                flush = flush_id(fields) if seen is not None else None
+                if seen is not None and flush is not None:
+                    key = (fields.get("rank", ""), flush[0])
+                    if flush[1] <= seen.get(key, -1):
+                        repeats += 1
+                        continue
+                    seen[key] = flush[1]
+                try:
+                    records.extend(decode_steps(job_id, fields))
+                except TelemetryError as exc:
+                    malformed += 1
+                    log.warning(
+                        "telemetry.malformed_entry", job_id=job_id, entry=last, error=str(exc)
+                    )
         return StepsPage(records, last, malformed, len(entries), repeats)
 
     def latest_steps(self, job_id: str, entries: int = 5000) -> list[StepRecord]:
@@ -288,9 +298,10 @@ class TelemetryStore:
             self.client.xrevrange(keys.job_steps(job_id), count=entries),
         )
         records: list[StepRecord] = []
-        for _, fields in newest:
+        for _, raw in newest:
             with contextlib.suppress(TelemetryError):
-                records.extend(decode_steps(job_id, to_text(fields)))  # type: ignore[arg-type]
+                for fields in split_entry(to_text(raw)):  # type: ignore[arg-type]
+                    records.extend(decode_steps(job_id, fields))
         return records
 
     def iter_steps(self, job_id: str, chunk: int = 5000) -> Iterator[StepRecord]:

@@ -49,6 +49,7 @@ NEITHER = {
     "devcluster status",
     "devcluster env",
     "sidecar",
+    "relay",
 }
 
 

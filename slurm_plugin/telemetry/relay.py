@@ -1,0 +1,375 @@
+"""The node relay: one Redis connection per node instead of one per rank.
+
+A root-owned process on each node (``straggler relay``) listens on a Unix socket. A rank's
+reporter sends its flushes there (one JSON line per flush: the job, the encoded steps entries,
+the events); every ``tick_s`` (a second, the reporters' flush interval) the relay writes one
+steps entry per job holding every flush it received (``model.records.encode_relayed``), in
+one pipeline, then answers each flush. Redis sees one client per node, and the service one
+stream entry per node and tick.
+
+What a rank can claim is bounded by what the kernel says of it: the relay reads the sending
+process's id from the socket (``SO_PEERCRED``) and refuses a flush for any job but the one that
+process runs in (Slurm's cgroup ``job_N``, else its ``SLURM_JOB_ID``); the node of every
+flush is the relay's own. A reporter that cannot reach a relay publishes to Redis itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from slurm_plugin.errors import RedisUnavailableError, StragglerError, TelemetryError
+from slurm_plugin.model import keys
+from slurm_plugin.model.records import encode_relayed
+from slurm_plugin.telemetry.store import TelemetryStore
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_SOCKET = Path("/run/slurm-straggler/relay.sock")
+#: The largest flush message a relay reads (a reporter's flush is at most a few hundred kB).
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+#: How long a flush waits for the tick that stores it; a reporter waits longer for the answer.
+ANSWER_WAIT_S = 10.0
+CLIENT_TIMEOUT_S = 15.0
+_CGROUP_JOB = re.compile(r"/job_([0-9]+)(?:/|$)")
+
+
+def job_of_process(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """The Slurm job a process runs in: its cgroup's ``job_N`` (Slurm's cgroup plugin; the
+    process cannot leave it), else its ``SLURM_JOB_ID``; None when it shows neither."""
+    with contextlib.suppress(OSError):
+        for line in (proc / str(pid) / "cgroup").read_text().splitlines():
+            match = _CGROUP_JOB.search(line)
+            if match:
+                return match[1]
+    with contextlib.suppress(OSError):
+        for item in (proc / str(pid) / "environ").read_bytes().split(b"\0"):
+            if item.startswith(b"SLURM_JOB_ID="):
+                return item.split(b"=", 1)[1].decode(errors="replace") or None
+    return None
+
+
+def peer_pid(conn: socket.socket) -> int:
+    """The process id of a Unix socket's peer, as the kernel recorded it at connect time."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, _uid, _gid = struct.unpack("3i", creds)
+    return int(pid)
+
+
+@dataclass
+class _Flush:
+    job_id: str
+    steps: list[dict[str, str]]
+    events: list[dict[str, Any]]
+    refresh_ttl: bool
+    steps_maxlen: int | None
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+
+def _parse(line: bytes) -> _Flush:
+    """A flush message; :class:`TelemetryError` when it is not one."""
+    try:
+        message = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise TelemetryError(f"not a JSON flush message: {exc}") from None
+    if not isinstance(message, dict):
+        raise TelemetryError("a flush message is a JSON object")
+    steps = message.get("steps", [])
+    events = message.get("events", [])
+    maxlen = message.get("steps_maxlen")
+    if not (
+        isinstance(steps, list)
+        and all(isinstance(s, dict) and all(isinstance(v, str) for v in s.values()) for s in steps)
+        and isinstance(events, list)
+        and all(isinstance(e, dict) for e in events)
+        and (maxlen is None or (isinstance(maxlen, int) and maxlen > 0))
+    ):
+        raise TelemetryError("a flush message holds steps entries, events and steps_maxlen")
+    return _Flush(
+        keys.check_job_id(str(message.get("job_id", ""))),
+        steps,
+        events,
+        bool(message.get("refresh_ttl")),
+        maxlen,
+    )
+
+
+class Relay:
+    """Serves one node's ranks on ``socket_path`` and publishes for them through ``store``."""
+
+    def __init__(
+        self,
+        store: TelemetryStore,
+        node: str,
+        socket_path: Path = DEFAULT_SOCKET,
+        *,
+        tick_s: float = 1.0,
+        job_of: Callable[[int], str | None] = job_of_process,
+    ) -> None:
+        self.store = store
+        self.node = keys.check_node(node)
+        self.socket_path = socket_path
+        self.tick_s = tick_s
+        self._job_of = job_of
+        self._queue: list[_Flush] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._server: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
+        self._conns: set[socket.socket] = set()
+        # Counters, for logs and tests.
+        self.flushes = 0
+        self.entries = 0
+        self.refused = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        """Listen (any local user may connect: the kernel tells us who they are) and serve in
+        background threads."""
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(self.socket_path))
+        self.socket_path.chmod(0o666)
+        server.listen(1024)
+        server.settimeout(0.5)
+        self._server = server
+        for target, name in ((self._accept, "accept"), (self._publish_loop, "publish")):
+            thread = threading.Thread(target=target, name=f"straggler-relay-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        log.info("relay.listening", node=self.node, socket=str(self.socket_path))
+
+    def close(self) -> None:
+        """Stop serving; flushes still queued are answered with an error (their reporters
+        send them again, to Redis itself if no relay answers)."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(5.0)
+        if self._server is not None:
+            self._server.close()
+        with self._lock:
+            conns, self._conns = list(self._conns), set()
+        for conn in conns:  # a reporter waiting on us hears it now, not after its timeout
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        self._answer(self._take(), "relay stopped")
+
+    def stop(self) -> None:
+        """Ask :meth:`serve_forever` to return (a signal handler may call it)."""
+        self._stop.set()
+
+    def serve_forever(self) -> None:
+        """Serve (starting first if :meth:`start` was not called) until :meth:`stop`, then
+        close."""
+        if self._server is None:
+            self.start()
+        try:
+            while not self._stop.wait(1.0):
+                pass
+        finally:
+            self.close()
+
+    # -- connections -------------------------------------------------------------------------
+    def _accept(self) -> None:
+        assert self._server is not None  # noqa: S101 - start() sets it before this thread runs
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(
+                target=self._serve, args=(conn,), name="straggler-relay-conn", daemon=True
+            ).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._conns.add(conn)
+        with conn, conn.makefile("rb") as reader:
+            try:
+                job = self._job_of(peer_pid(conn))
+            except OSError:
+                job = None
+            while not self._stop.is_set():
+                try:
+                    line = reader.readline(MAX_MESSAGE_BYTES + 1)
+                except OSError:
+                    return
+                if not line or self._stop.is_set():
+                    return
+                reply = self._handle(line, job)
+                try:
+                    conn.sendall(json.dumps(reply).encode() + b"\n")
+                except OSError:
+                    return
+
+    def _handle(self, line: bytes, peer_job: str | None) -> dict[str, Any]:
+        if len(line) > MAX_MESSAGE_BYTES:
+            return self._refuse(f"message over {MAX_MESSAGE_BYTES} bytes", peer_job)
+        try:
+            flush = _parse(line)
+        except StragglerError as exc:
+            return self._refuse(str(exc), peer_job)
+        if flush.job_id != peer_job:
+            return self._refuse(
+                f"this process runs in job {peer_job or 'none'}, not {flush.job_id}", peer_job
+            )
+        with self._lock:
+            self._queue.append(flush)
+        # Answered after the tick that stores it (or the relay's stop).
+        if not flush.done.wait(self.tick_s + ANSWER_WAIT_S):
+            return {"ok": False, "error": "relay busy: flush not stored in time"}
+        return {"ok": True} if flush.error is None else {"ok": False, "error": flush.error}
+
+    def _refuse(self, why: str, peer_job: str | None) -> dict[str, Any]:
+        self.refused += 1
+        log.warning("relay.refused", node=self.node, peer_job=peer_job, error=why)
+        return {"ok": False, "refused": True, "error": why}
+
+    # -- publishing -------------------------------------------------------------------------
+    def _take(self) -> list[_Flush]:
+        with self._lock:
+            taken, self._queue = self._queue, []
+        return taken
+
+    def _publish_loop(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            taken = self._take()
+            if taken:
+                self._answer(taken, self.publish(taken))
+
+    def publish(self, flushes: Sequence[_Flush]) -> str | None:
+        """One steps entry per job for ``flushes``, with their events, in one pipeline per
+        job; the error text when Redis did not take them."""
+        by_job: dict[str, list[_Flush]] = {}
+        for flush in flushes:
+            by_job.setdefault(flush.job_id, []).append(flush)
+        error = None
+        for job_id, group in by_job.items():
+            steps = [s for f in group for s in f.steps]
+            maxlens = [f.steps_maxlen for f in group if f.steps_maxlen]
+            try:
+                self.store.publish(
+                    job_id,
+                    [encode_relayed(self.node, steps)] if steps else [],
+                    [e for f in group for e in f.events],
+                    refresh_ttl=any(f.refresh_ttl for f in group),
+                    steps_maxlen=max(maxlens) if maxlens else None,
+                )
+            except RedisUnavailableError as exc:
+                error = str(exc)
+                for flush in group:
+                    flush.error = error
+                continue
+            self.flushes += len(group)
+            self.entries += 1 if steps else 0
+        return error
+
+    @staticmethod
+    def _answer(flushes: Sequence[_Flush], error: str | None) -> None:
+        for flush in flushes:
+            if error is not None and flush.error is None:
+                flush.error = error
+            flush.done.set()
+
+
+class RelayRefusedError(TelemetryError):
+    """The relay will not publish for this process (another job's flush, a bad message)."""
+
+
+class RelayClient:
+    """A reporter's way to its node's relay: :meth:`publish` as :class:`TelemetryStore`'s,
+    answered once the relay has stored the flush. Any trouble raises
+    :class:`RedisUnavailableError` (the reporter keeps the flush and tries again)."""
+
+    relayed = True
+
+    def __init__(self, socket_path: Path, timeout_s: float = CLIENT_TIMEOUT_S) -> None:
+        self.socket_path = socket_path
+        self.timeout_s = timeout_s
+        self._conn: socket.socket | None = None
+        self._reader: Any = None
+
+    @classmethod
+    def connect(cls, socket_path: Path, timeout_s: float = CLIENT_TIMEOUT_S) -> RelayClient:
+        """A client connected to the relay now; :class:`OSError` when none listens."""
+        client = cls(socket_path, timeout_s)
+        client._open()
+        return client
+
+    def _open(self) -> None:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(self.timeout_s)
+        try:
+            conn.connect(str(self.socket_path))
+        except OSError:
+            conn.close()
+            raise
+        self._conn, self._reader = conn, conn.makefile("rb")
+
+    def publish(
+        self,
+        job_id: str,
+        steps: Sequence[Mapping[str, str]] = (),
+        events: Sequence[Mapping[str, Any]] = (),
+        *,
+        refresh_ttl: bool = False,
+        steps_maxlen: int | None = None,
+    ) -> None:
+        message = {
+            "job_id": job_id,
+            "steps": list(steps),
+            "events": list(events),
+            "refresh_ttl": refresh_ttl,
+            "steps_maxlen": steps_maxlen,
+        }
+        started = time.monotonic()
+        try:
+            if self._conn is None:
+                self._open()
+            assert self._conn is not None  # noqa: S101 - _open sets it or raises
+            self._conn.sendall(json.dumps(message, default=str).encode() + b"\n")
+            line = self._reader.readline(65536)
+        except OSError as exc:
+            self.close()
+            raise RedisUnavailableError(f"relay {self.socket_path}: {exc}") from exc
+        if not line:
+            self.close()
+            raise RedisUnavailableError(f"relay {self.socket_path} closed the connection")
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            reply = {"ok": False, "error": "unreadable reply"}
+        if reply.get("refused"):
+            raise RelayRefusedError(f"relay {self.socket_path} refused: {reply.get('error', '?')}")
+        if not reply.get("ok"):
+            raise RedisUnavailableError(
+                f"relay {self.socket_path} did not store the flush "
+                f"({reply.get('error', '?')}, after {time.monotonic() - started:.1f} s)"
+            )
+
+    def close(self) -> None:
+        if self._reader is not None:
+            with contextlib.suppress(OSError):
+                self._reader.close()
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.close()
+        self._conn = self._reader = None

@@ -1,0 +1,173 @@
+"""Node relays: a node's ranks publish over one Redis connection, and nothing is lost or claimed
+that the kernel does not vouch for (real redis-server, real Unix sockets, rank processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from slurm_plugin.model import keys
+from slurm_plugin.model.records import StepRecord
+from slurm_plugin.telemetry.relay import Relay
+from slurm_plugin.telemetry.store import Seen, TelemetryStore, connect
+from tests.integration.conftest import RedisServer
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = "4242"
+
+
+def _ranks(
+    job_in_env: str, job: str, first: int, count: int, seconds: float, sock: Path, url: str
+) -> subprocess.Popen[str]:
+    env = {**os.environ, "SLURM_JOB_ID": job_in_env, "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "tests.integration._relay_ranks", job, str(first), str(count)]
+    return subprocess.Popen(
+        [*argv, str(seconds), str(sock), url],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _published(proc: subprocess.Popen[str]) -> int:
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    return int(json.loads(out.strip().splitlines()[-1])["published"])
+
+
+def _read_all(store: TelemetryStore) -> tuple[list[StepRecord], int, int]:
+    records, seen, after, repeats, malformed = [], Seen(), "0-0", 0, 0
+    while True:
+        page = store.read_steps(JOB, after=after, count=5000, seen=seen)
+        records.extend(page.records)
+        repeats += page.repeats
+        malformed += page.malformed
+        if page.last_id == after:
+            return records, repeats, malformed
+        after = page.last_id
+
+
+@pytest.fixture
+def relays(private_redis: RedisServer, tmp_path: Path) -> Iterator[list[Relay]]:
+    started = []
+    for i in range(4):
+        relay = Relay(
+            TelemetryStore(connect(private_redis.url)), f"node{i}", tmp_path / f"r{i}.sock"
+        )
+        relay.start()
+        started.append(relay)
+    yield started
+    for relay in started:
+        relay.close()
+
+
+def _clients(control: redis.Redis) -> int:
+    """Clients connected to the server, not counting ``control`` itself."""
+    return len(control.client_list()) - 1
+
+
+def test_the_ranks_of_a_node_share_its_relays_one_connection(
+    private_redis: RedisServer, relays: list[Relay], tmp_path: Path
+) -> None:
+    per_node = 64
+    procs = [
+        _ranks(JOB, JOB, i * per_node, per_node, 6.0, relay.socket_path, private_redis.url)
+        for i, relay in enumerate(relays)
+    ]
+    control = redis.Redis.from_url(private_redis.url)
+    counts = []
+    deadline = time.monotonic() + 6.0
+    while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        counts.append(_clients(control))
+        time.sleep(0.25)
+    published = sum(_published(p) for p in procs)
+
+    ranks = per_node * len(relays)
+    assert counts
+    assert max(counts) <= len(relays), counts
+    records, repeats, malformed = _read_all(TelemetryStore(connect(private_redis.url)))
+    assert (len(records), repeats, malformed) == (published, 0, 0)
+    assert len({r.rank for r in records}) == ranks
+    # Every record carries its relay's node, never the one the rank claimed.
+    assert {(r.rank // per_node, r.node) for r in records} == {
+        (i, f"node{i}") for i in range(len(relays))
+    }
+    # One stream entry per node and tick, not one per rank and flush.
+    flushes = sum(relay.flushes for relay in relays)
+    entries = int(control.xlen(keys.job_steps(JOB)))
+    assert flushes >= ranks * 6
+    assert entries == sum(relay.entries for relay in relays) <= flushes / 8
+    print(  # noqa: T201 - the figures, with -s
+        f"\n{ranks} ranks on {len(relays)} relays: at most {max(counts)} server clients, "
+        f"{published} records in {entries} entries ({flushes} rank flushes)"
+    )
+
+
+def test_a_relay_refuses_another_jobs_flush_and_the_rank_publishes_itself(
+    private_redis: RedisServer, relays: list[Relay]
+) -> None:
+    # A process of job 7 claims to publish for job 4242: the relay refuses it; the reporter
+    # then publishes to Redis itself (where per-job credentials, when on, stop it).
+    proc = _ranks("7", JOB, 0, 4, 2.0, relays[0].socket_path, private_redis.url)
+    published = _published(proc)
+    assert relays[0].refused >= 1
+    assert relays[0].flushes == 0
+    records, _, _ = _read_all(TelemetryStore(connect(private_redis.url)))
+    assert len(records) == published > 0
+    assert {r.node for r in records} == {"claimed"}
+
+
+def test_a_relay_that_stops_loses_nothing(private_redis: RedisServer, relays: list[Relay]) -> None:
+    proc = _ranks(JOB, JOB, 0, 16, 5.0, relays[0].socket_path, private_redis.url)
+    time.sleep(2.0)
+    relays[0].close()  # the reporters go on to Redis themselves
+    published = _published(proc)
+    records, _, malformed = _read_all(TelemetryStore(connect(private_redis.url)))
+    assert (len(records), malformed) == (published, 0)
+    assert {r.node for r in records} == {"node0", "claimed"}
+    steps = {(r.rank, r.step) for r in records}
+    assert len(steps) == len(records)  # each step once
+
+
+def test_straggler_relay_serves_until_sigterm(private_redis: RedisServer, tmp_path: Path) -> None:
+    sock = tmp_path / "run" / "relay.sock"
+    env = {**os.environ, "STRAGGLER_REDIS_URL": private_redis.url, "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "slurm_plugin.cli.main", "relay", "--node", "nodeZ"]
+    relay = subprocess.Popen(
+        [*argv, "--socket", str(sock), "--tick", "0.5", "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sock.exists(), "the relay did not listen"
+        assert oct(sock.stat().st_mode & 0o777) == oct(0o666)
+        published = _published(_ranks(JOB, JOB, 0, 4, 2.0, sock, private_redis.url))
+    finally:
+        relay.terminate()
+        out, err = relay.communicate(timeout=30)
+    assert relay.returncode == 0, err
+    assert not sock.exists()
+    counts = json.loads(out)
+    assert counts["node"] == "nodeZ"
+    assert counts["refused"] == 0
+    assert 0 < counts["entries"] < counts["flushes"]
+    records, _, _ = _read_all(TelemetryStore(connect(private_redis.url)))
+    assert len(records) == published > 0
+    assert {r.node for r in records} == {"nodeZ"}
