@@ -23,6 +23,10 @@ MAX_RELAYED_FLUSHES = 4096
 _MISSING = "-"
 _GROUP = re.compile(r"[A-Za-z0-9_.:=/+-]{1,64}")
 _FLUSH = re.compile(r"([0-9a-f]{16})\.([0-9]{1,18})")
+# A steps text: lines of an integer step and five numbers (or "-"), one space apart. Tokens use
+# only what the encoder writes (digits, ".", "e", "+", "-"): never "nan" or "inf".
+_LINE = r"[0-9]{1,15}(?: [-+.e0-9]{1,32}){5}"  # steps below 2**53
+STEPS_TEXT = re.compile(f"{_LINE}(?:\n{_LINE})*")
 
 # One raw step as the reporter buffers it: (step, ts, step_s, compute_s, comm_s, data_s).
 RawStep = tuple[int, float, float, float | None, float | None, float | None]
@@ -149,8 +153,26 @@ def _float(text: str, name: str, *, optional: bool) -> float | None:
     return value
 
 
-def decode_steps(job_id: str, fields: Mapping[str, str]) -> list[StepRecord]:
-    """Decode one steps-stream entry; raise :class:`TelemetryError` naming the bad field."""
+@dataclass(frozen=True, slots=True)
+class FlushHeader:
+    """What a steps entry (one rank's flush) says once for all its steps."""
+
+    rank: int
+    node: str
+    gpu: int
+    attempt: int
+    group: str
+    count: int
+    #: The steps: ``count`` lines of six tokens; "" when none.
+    text: str
+    #: The text is made of the tokens the encoder writes (STEPS_TEXT); when not, decoding
+    #: names the bad value or refuses the text.
+    regular: bool = True
+
+
+def decode_header(fields: Mapping[str, str]) -> FlushHeader:
+    """A flush's header and its steps text, checked; :class:`TelemetryError` naming the bad
+    field otherwise (the steps' values are checked by whoever decodes them)."""
     rank = non_negative_int(_field(fields, "rank"), "rank")
     gpu = non_negative_int(_field(fields, "gpu"), "gpu")
     attempt = non_negative_int(fields.get("attempt", "0"), "attempt")
@@ -159,14 +181,24 @@ def decode_steps(job_id: str, fields: Mapping[str, str]) -> list[StepRecord]:
     count = non_negative_int(_field(fields, "n"), "n")
     if count > MAX_STEPS_PER_ENTRY:
         raise TelemetryError(f"entry claims {count} steps (max {MAX_STEPS_PER_ENTRY})")
-    lines = _field(fields, "steps").split("\n") if count else []
-    if len(lines) != count:
-        raise TelemetryError(f"entry says n={count} but holds {len(lines)} steps")
+    text = _field(fields, "steps") if count else ""
+    regular = not count or bool(STEPS_TEXT.fullmatch(text))
+    lines = text.count("\n") + 1 if count else 0
+    if lines != count:
+        raise TelemetryError(f"entry says n={count} but holds {lines} steps")
+    if not regular:
+        bad = next((line for line in text.split("\n") if len(line.split(" ")) != 6), None)
+        if bad is not None:
+            raise TelemetryError(f"step line has {len(bad.split(' '))} fields, not 6: {bad[:60]!r}")
+    return FlushHeader(rank, node, gpu, attempt, group, count, text, regular)
+
+
+def decode_steps(job_id: str, fields: Mapping[str, str]) -> list[StepRecord]:
+    """Decode one steps-stream entry; raise :class:`TelemetryError` naming the bad field."""
+    head = decode_header(fields)
     records = []
-    for line in lines:
+    for line in head.text.split("\n") if head.count else []:
         parts = line.split(" ")
-        if len(parts) != 6:
-            raise TelemetryError(f"step line has {len(parts)} fields, not 6: {line[:60]!r}")
         ts = _float(parts[1], "ts", optional=False)
         step_s = _float(parts[2], "step_s", optional=False)
         if ts is None or step_s is None:  # cannot happen with optional=False; for the types
@@ -174,19 +206,21 @@ def decode_steps(job_id: str, fields: Mapping[str, str]) -> list[StepRecord]:
         records.append(
             StepRecord(
                 job_id=job_id,
-                rank=rank,
-                node=node,
-                gpu=gpu,
+                rank=head.rank,
+                node=head.node,
+                gpu=head.gpu,
                 step=non_negative_int(parts[0], "step"),
                 ts=ts,
                 step_s=step_s,
                 compute_s=_float(parts[3], "compute_s", optional=True),
                 comm_s=_float(parts[4], "comm_s", optional=True),
                 data_s=_float(parts[5], "data_s", optional=True),
-                attempt=attempt,
-                group=group,
+                attempt=head.attempt,
+                group=head.group,
             )
         )
+    if not head.regular:  # every value parsed, but not as the encoder writes them ("1_0")
+        raise TelemetryError(f"steps hold a token out of place: {head.text[:60]!r}")
     return records
 
 

@@ -21,7 +21,6 @@ import structlog
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.model import keys
 from slurm_plugin.model.cluster import JobInfo
-from slurm_plugin.model.records import StepRecord
 
 if TYPE_CHECKING:
     from slurm_plugin.service.state import ServiceState
@@ -49,30 +48,35 @@ class EvidenceFilter:
 
     _jobs: dict[str, _JobView] = field(default_factory=dict)
 
-    def filter(
-        self, job: JobInfo, records: Iterable[StepRecord]
-    ) -> tuple[list[StepRecord], Counter[str]]:
-        """The records to believe, and the dropped ones counted by reason."""
+    def judge(
+        self,
+        job: JobInfo,
+        ranks: Sequence[int],
+        nodes: Sequence[str],
+        attempts: Sequence[int],
+        counts: Sequence[int],
+    ) -> tuple[list[bool], Counter[str]]:
+        """Per flush (a rank's steps: one rank, node and attempt), in stream order: believe it
+        or not; the records of the flushes not believed are counted by reason."""
         view = self._jobs.setdefault(job.job_id, _JobView())
         allowed = set(job.nodes)
-        kept: list[StepRecord] = []
+        keep: list[bool] = []
         dropped: Counter[str] = Counter()
-        for record in records:
-            if record.node not in allowed:
-                dropped["foreign_node"] += 1
-                continue
-            if record.attempt > job.restarts:
-                dropped["future_attempt"] += 1
-                continue
-            if record.attempt > view.attempt:
-                view.attempt, view.rank_nodes = record.attempt, {}
-            if record.attempt == view.attempt:
-                bound = view.rank_nodes.setdefault(record.rank, record.node)
-                if bound != record.node:
-                    dropped["rank_moved"] += 1
-                    continue
-            kept.append(record)
-        return kept, dropped
+        for rank, node, attempt, count in zip(ranks, nodes, attempts, counts, strict=True):
+            reason = None
+            if node not in allowed:
+                reason = "foreign_node"
+            elif attempt > job.restarts:
+                reason = "future_attempt"
+            else:
+                if attempt > view.attempt:
+                    view.attempt, view.rank_nodes = attempt, {}
+                if attempt == view.attempt and view.rank_nodes.setdefault(rank, node) != node:
+                    reason = "rank_moved"
+            keep.append(reason is None)
+            if reason is not None:
+                dropped[reason] += count
+        return keep, dropped
 
     def forget_all_but(self, running: Iterable[str]) -> None:
         """Drop every job not in ``running``."""

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import redis
 import structlog
 
-from slurm_plugin.detection import Detector, RecordBatch
+from slurm_plugin.detection import Detector
 from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.model.columns import decode_flushes
 from slurm_plugin.service.evidence import EvidenceFilter
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.state import ServiceState
@@ -83,18 +85,29 @@ class Ingest:
         limit = MAX_ENTRIES_PER_JOB
         if mark is not None:
             limit = min(MAX_BACKLOG_PER_JOB, max(limit, mark.added - done))
-        records, entries, repeats = [], 0, 0
+        flushes: list[Mapping[str, str]] = []
+        entries = repeats = malformed = 0
         seen = self._seen.setdefault(job.job_id, {})
         for _ in range(-(-limit // PAGE)):
-            page = self.store.read_steps(
+            page = self.store.read_flushes(
                 job.job_id, cursor, count=PAGE, until=mark.last_id if mark else "+", seen=seen
             )
-            records += page.records
+            flushes += page.flushes
             entries += page.entries
             repeats += page.repeats
+            malformed += page.malformed
             if page.last_id == cursor:
                 break
             cursor = page.last_id
+        decoded = decode_flushes(flushes)
+        if decoded.malformed or malformed:
+            log.warning(
+                "telemetry.malformed_flushes",
+                job_id=job.job_id,
+                flushes=decoded.malformed,
+                entries=malformed,
+                errors=decoded.errors,
+            )
         read = done + entries
         update = {"steps_cursor": cursor, "steps_read": str(read)}
         if repeats:  # a flush retried after Redis had stored it: read once, counted here
@@ -115,16 +128,24 @@ class Ingest:
                     hint="the service fell further behind than the stream keeps (60 s of "
                     "every rank's flushes): see the cycle time in `straggler status`",
                 )
-        kept, dropped = self.evidence.filter(job, records)
+        keep, dropped = self.evidence.judge(
+            job,
+            decoded.rank.tolist(),
+            decoded.node,
+            decoded.attempt.tolist(),
+            decoded.count.tolist(),
+        )
+        kept = decoded.batch(np.asarray(keep, dtype=bool))
         self.state.update_job(job.job_id, **update)
         if dropped:
             self.state.count_ignored(job.job_id, dropped)
             for reason, count in dropped.items():
                 self.metrics.ignored.labels(reason=reason).inc(count)
             log.warning("service.records_ignored", job_id=job.job_id, **dropped)
-        if kept:
-            detector.add(job.job_id, RecordBatch.from_records(kept))
-        return Kept(len(kept), len({r.rank for r in kept})), len(records) - len(kept)
+        if len(kept):
+            detector.add(job.job_id, kept)
+        total = int(decoded.count.sum())
+        return Kept(len(kept), len(np.unique(kept.rank))), total - len(kept)
 
     def events(self, job: JobInfo) -> None:
         """Note the job's newest checkpoint (and that it reports checkpoints at all)."""

@@ -142,6 +142,20 @@ def _fields(fields: Mapping[str, str]) -> dict[Any, Any]:
 
 
 @dataclass(frozen=True)
+class FlushPage:
+    """A chunk of a job's steps stream as rank flushes (fields, not decoded yet)."""
+
+    flushes: list[Mapping[str, str]]
+    last_id: str
+    #: Entries that are not steps entries at all (a relayed entry that is not a list...).
+    malformed: int
+    #: Stream entries read.
+    entries: int
+    #: Flushes skipped as repeats of one already read.
+    repeats: int
+
+
+@dataclass(frozen=True)
 class StepsPage:
     """A chunk of a job's steps stream, decoded; malformed entries are counted, not raised."""
 
@@ -247,6 +261,43 @@ class TelemetryStore:
             return None
         return StreamMark(last.decode() if isinstance(last, bytes) else str(last), int(added))
 
+    def read_flushes(
+        self,
+        job_id: str,
+        after: str = "0-0",
+        count: int = 5000,
+        until: str = "+",
+        seen: Seen | None = None,
+    ) -> FlushPage:
+        """The rank flushes of the entries after stream id ``after`` (exclusive) up to ``until``
+        (inclusive), not decoded; with ``seen`` (kept by the caller across pages), repeats of
+        flushes already read are skipped and counted."""
+        entries = cast(
+            "list[tuple[bytes, dict[bytes, bytes]]]",
+            self.client.xrange(keys.job_steps(job_id), min=f"({after}", max=until, count=count),
+        )
+        flushes: list[Mapping[str, str]] = []
+        malformed = repeats = 0
+        last = after
+        for entry_id, raw in entries:
+            last = entry_id.decode()
+            try:
+                split = split_entry(to_text(raw))  # type: ignore[arg-type]
+            except TelemetryError as exc:
+                malformed += 1
+                log.warning("telemetry.malformed_entry", job_id=job_id, entry=last, error=str(exc))
+                continue
+            for fields in split:
+                flush = flush_id(fields) if seen is not None else None
+                if seen is not None and flush is not None:
+                    key = (fields.get("rank", ""), flush[0])
+                    if flush[1] <= seen.get(key, -1):
+                        repeats += 1
+                        continue
+                    seen[key] = flush[1]
+                flushes.append(fields)
+        return FlushPage(flushes, last, malformed, len(entries), repeats)
+
     def read_steps(
         self,
         job_id: str,
@@ -255,40 +306,20 @@ class TelemetryStore:
         until: str = "+",
         seen: Seen | None = None,
     ) -> StepsPage:
-        """Entries after stream id ``after`` (exclusive) up to ``until`` (inclusive), decoded;
-        with ``seen`` (kept by the caller across pages), repeats of entries already read are
-        skipped and counted."""
-        entries = cast(
-            "list[tuple[bytes, dict[bytes, bytes]]]",
-            self.client.xrange(keys.job_steps(job_id), min=f"({after}", max=until, count=count),
-        )
+        """Entries after stream id ``after`` (exclusive) up to ``until`` (inclusive), decoded
+        into records (export, backtest); see :meth:`read_flushes`."""
+        page = self.read_flushes(job_id, after, count, until, seen)
         records: list[StepRecord] = []
-        malformed = repeats = 0
-        last = after
-        for entry_id, raw in entries:
-            last = entry_id.decode()
+        malformed = page.malformed
+        for fields in page.flushes:
             try:
-                flushes = split_entry(to_text(raw))  # type: ignore[arg-type]
+                records.extend(decode_steps(job_id, fields))
             except TelemetryError as exc:
-                flushes = []
                 malformed += 1
-                log.warning("telemetry.malformed_entry", job_id=job_id, entry=last, error=str(exc))
-            for fields in flushes:
-                flush = flush_id(fields) if seen is not None else None
-                if seen is not None and flush is not None:
-                    key = (fields.get("rank", ""), flush[0])
-                    if flush[1] <= seen.get(key, -1):
-                        repeats += 1
-                        continue
-                    seen[key] = flush[1]
-                try:
-                    records.extend(decode_steps(job_id, fields))
-                except TelemetryError as exc:
-                    malformed += 1
-                    log.warning(
-                        "telemetry.malformed_entry", job_id=job_id, entry=last, error=str(exc)
-                    )
-        return StepsPage(records, last, malformed, len(entries), repeats)
+                log.warning(
+                    "telemetry.malformed_entry", job_id=job_id, entry=page.last_id, error=str(exc)
+                )
+        return StepsPage(records, page.last_id, malformed, page.entries, page.repeats)
 
     def latest_steps(self, job_id: str, entries: int = 5000) -> list[StepRecord]:
         """The records of the newest ``entries`` stream entries (each one rank's batch), for a

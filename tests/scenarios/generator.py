@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from slurm_plugin.detection.detector import RecordBatch
+from slurm_plugin.model.batch import RecordBatch
 
 GPUS_PER_NODE = 8
 Slowdown = Callable[[np.ndarray], np.ndarray]  # steps -> (steps, ranks) multiplicative extra

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from slurm_plugin.model.cluster import JobInfo
@@ -30,6 +31,20 @@ def _rec(rank: int, node: str, attempt: int = 1, step: int = 0) -> StepRecord:
     return StepRecord("7", rank, node, 0, step, 0.0, 0.1, 0.08, 0.02, 0.0, attempt)
 
 
+def _filter(
+    evidence: EvidenceFilter, job: JobInfo, records: list[StepRecord]
+) -> tuple[list[StepRecord], Counter[str]]:
+    """Each record judged as a flush of its own."""
+    keep, dropped = evidence.judge(
+        job,
+        [r.rank for r in records],
+        [r.node for r in records],
+        [r.attempt for r in records],
+        [1] * len(records),
+    )
+    return [r for r, ok in zip(records, keep, strict=True) if ok], dropped
+
+
 def test_records_that_do_not_fit_the_job_are_dropped_and_counted() -> None:
     """Foreign nodes, future attempts and ranks that change node are dropped, by reason."""
     evidence = EvidenceFilter()
@@ -41,11 +56,11 @@ def test_records_that_do_not_fit_the_job_are_dropped_and_counted() -> None:
         _rec(1, "node2", attempt=2),  # Slurm says restart count 1
         _rec(1, "node1", attempt=0),  # an older attempt: the detector drops it later
     ]
-    kept, dropped = evidence.filter(JOB, records)
+    kept, dropped = _filter(evidence, JOB, records)
     assert kept == [records[0], records[1], records[5]]
     assert dict(dropped) == {"foreign_node": 1, "rank_moved": 1, "future_attempt": 1}
     # The binding outlives the batch: a later batch cannot move rank 0 either.
-    kept, dropped = evidence.filter(JOB, [_rec(0, "node2", step=2), _rec(0, "node1", step=2)])
+    kept, dropped = _filter(evidence, JOB, [_rec(0, "node2", step=2), _rec(0, "node1", step=2)])
     assert [r.node for r in kept] == ["node1"]
     assert dropped["rank_moved"] == 1
 
@@ -53,12 +68,12 @@ def test_records_that_do_not_fit_the_job_are_dropped_and_counted() -> None:
 def test_a_new_attempt_rebinds_ranks() -> None:
     """After a requeue ranks may land on other nodes; the binding starts again."""
     evidence = EvidenceFilter()
-    evidence.filter(replace(JOB, restarts=0), [_rec(0, "node1", attempt=0)])
-    kept, dropped = evidence.filter(JOB, [_rec(0, "node2", attempt=1)])
+    _filter(evidence, replace(JOB, restarts=0), [_rec(0, "node1", attempt=0)])
+    kept, dropped = _filter(evidence, JOB, [_rec(0, "node2", attempt=1)])
     assert len(kept) == 1
     assert not dropped
     evidence.forget_all_but([])
-    kept, _ = evidence.filter(JOB, [_rec(0, "node1", attempt=1)])
+    kept, _ = _filter(evidence, JOB, [_rec(0, "node1", attempt=1)])
     assert len(kept) == 1  # forgotten: node1 is the first binding again
 
 
