@@ -33,7 +33,8 @@ from benchmarks._common import machine, table
 from benchmarks.bench_service import StaticScheduler
 from slurm_plugin.config import Settings
 from slurm_plugin.model import keys
-from slurm_plugin.model.records import encode_relayed, encode_steps
+from slurm_plugin.model.records import decode_header, encode_steps
+from slurm_plugin.model.relayed import encode_relayed
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.telemetry.store import TelemetryStore, connect
@@ -69,7 +70,12 @@ def produce(
         if relayed:
             nodes = range(0, len(entries), PER_NODE)
             entries = [
-                encode_relayed(f"gpu{i // PER_NODE:05d}", entries[i : i + PER_NODE]) for i in nodes
+                encode_relayed(
+                    f"gpu{i // PER_NODE:05d}",
+                    [decode_header(e) for e in entries[i : i + PER_NODE]],
+                    f"{i // PER_NODE:016x}.{step}",
+                )
+                for i in nodes
             ]
             records = [len(range(i, min(i + PER_NODE, ranks))) for i in nodes]
         for i in range(0, len(entries), 4096):

@@ -7,6 +7,7 @@ stream entries straight into columns (``model.records.decode_flushes``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -60,6 +61,44 @@ class RecordBatch:
         return _batch(
             {c: np.concatenate([getattr(b, c) for b in batches]) for c in _COLUMNS}, nodes, groups
         )
+
+    def to_records(self, job_id: str) -> list[StepRecord]:
+        """Record objects of ``job_id`` (export and the backtest read records)."""
+        groups = self.group if self.group is not None else [""] * len(self)
+
+        def opt(value: float) -> float | None:
+            return None if math.isnan(value) else value  # NaN: not measured
+
+        return [
+            StepRecord(
+                job_id=job_id,
+                rank=int(rank),
+                node=str(node),
+                gpu=int(gpu),
+                step=int(step),
+                ts=float(ts),
+                step_s=float(step_s),
+                compute_s=opt(float(compute)),
+                comm_s=opt(float(comm)),
+                data_s=opt(float(data)),
+                attempt=int(attempt),
+                group=str(group),
+            )
+            for rank, node, gpu, step, ts, step_s, compute, comm, data, attempt, group in zip(
+                self.rank,
+                self.node,
+                self.gpu,
+                self.step,
+                self.ts,
+                self.step_s,
+                self.compute_s,
+                self.comm_s,
+                self.data_s,
+                self.attempt,
+                groups,
+                strict=True,
+            )
+        ]
 
     @staticmethod
     def from_records(records: Iterable[StepRecord]) -> RecordBatch:

@@ -1,9 +1,10 @@
-"""Rank flushes decoded straight into columns: the service's path from stream entries to the
+"""Steps entries decoded straight into columns: the service's path from the stream to the
 detector, with no object per step.
 
-Each flush's header is read in Python (a few fields, once per flush); the steps of every flush
-are parsed in one numpy call and checked as arrays. A flush is accepted or refused whole, on
-the same rules as :func:`~slurm_plugin.model.records.decode_steps` (tested to agree).
+An entry is one rank's flush or a node relay's rows (``model.relayed``). Headers are read in
+Python, once per entry; the steps of every entry are parsed in one numpy call per kind and
+checked as arrays. An entry is accepted or refused whole, on the rules of
+:func:`~slurm_plugin.model.records.decode_steps` (a property test holds them to agree).
 """
 
 from __future__ import annotations
@@ -16,93 +17,66 @@ import numpy as np
 from slurm_plugin.errors import TelemetryError
 from slurm_plugin.model.batch import RecordBatch
 from slurm_plugin.model.records import FlushHeader, decode_header, decode_steps
+from slurm_plugin.model.relayed import RelayedHeader, decode_relayed_header, is_relayed
 
-#: Steps are parsed at most this many flushes at a time (bounds the text held at once).
-_CHUNK = 50_000
 _MAX_STEP = 2.0**53
 
 
 @dataclass
-class Flushes:
-    """Decoded flushes: per flush its header values, per step its six numbers."""
+class Decoded:
+    """The believed-well-formed steps of some entries, in stream order."""
 
-    rank: np.ndarray
-    gpu: np.ndarray
-    attempt: np.ndarray
-    count: np.ndarray
-    node: list[str]
-    group: list[str]
-    #: Rows of (step, ts, step_s, compute_s, comm_s, data_s); NaN for a phase not measured.
-    steps: np.ndarray
-    #: Flushes refused, and the reason of the first few.
+    batch: RecordBatch
+    #: Per row, the index of its node in ``nodes`` (nodes are few; rows are many).
+    node_code: np.ndarray
+    nodes: list[str]
+    #: Entries refused, and the reason of the first few.
     malformed: int = 0
     errors: list[str] = field(default_factory=list)
 
-    def __len__(self) -> int:
-        return len(self.rank)
 
-    def batch(self, keep: np.ndarray | None = None) -> RecordBatch:
-        """The steps as a :class:`RecordBatch`, of the flushes in ``keep`` (a mask) only."""
-        flushes = np.arange(len(self.rank))
-        if keep is None:
-            rows, steps = np.repeat(flushes, self.count), self.steps
-        else:
-            rows = np.repeat(flushes[keep], self.count[keep])
-            steps = self.steps[np.repeat(keep, self.count)]
-        nodes = np.asarray(self.node, dtype=object)[rows]
-        groups = np.asarray(self.group, dtype=object)[rows] if any(self.group) else None
-        return RecordBatch(
-            rank=self.rank[rows],
-            step=steps[:, 0].astype(np.int64),
-            attempt=self.attempt[rows],
-            gpu=self.gpu[rows],
-            ts=steps[:, 1],
-            step_s=steps[:, 2],
-            compute_s=steps[:, 3],
-            comm_s=steps[:, 4],
-            data_s=steps[:, 5],
-            node=nodes,
-            group=groups,
-        )
-
-
-def decode_flushes(flushes: Sequence[Mapping[str, str]], keep_errors: int = 5) -> Flushes:
-    """Every flush that decodes, as columns; the others are counted (``malformed``)."""
-    heads: list[FlushHeader] = []
+def decode_entries(entries: Sequence[Mapping[str, str]], keep_errors: int = 5) -> Decoded:
+    """Every entry that decodes, as columns; the others are counted (``malformed``)."""
+    flushes: list[tuple[int, FlushHeader]] = []
+    relayed: list[tuple[int, RelayedHeader]] = []
     errors: list[str] = []
-    malformed = 0
-    for fields in flushes:
+    for index, fields in enumerate(entries):
         try:
+            if is_relayed(fields):
+                relayed.append((index, decode_relayed_header(fields)))
+                continue
             head = decode_header(fields)
         except TelemetryError as exc:
-            malformed += 1
-            if len(errors) < keep_errors:
-                errors.append(str(exc))
+            errors.append(str(exc))
             continue
-        if not head.regular:  # decode_steps names what is wrong, or refuses the text
-            malformed += 1
-            if len(errors) < keep_errors:
-                errors.append(_why(fields))
-            continue
-        heads.append(head)
-    good, parsed = _parse_steps(heads)
-    if not all(good):
-        bad = [h for h, ok in zip(heads, good, strict=True) if not ok]
-        malformed += len(bad)
-        for head in bad[: max(0, keep_errors - len(errors))]:
-            errors.append(f"rank {head.rank}: a step's value is out of range")
-        heads = [h for h, ok in zip(heads, good, strict=True) if ok]
-    return Flushes(
-        rank=np.fromiter((h.rank for h in heads), np.int64, len(heads)),
-        gpu=np.fromiter((h.gpu for h in heads), np.int64, len(heads)),
-        attempt=np.fromiter((h.attempt for h in heads), np.int64, len(heads)),
-        count=np.fromiter((h.count for h in heads), np.int64, len(heads)),
-        node=[h.node for h in heads],
-        group=[h.group for h in heads],
-        steps=parsed,
-        malformed=malformed,
-        errors=errors,
+        if head.regular:
+            flushes.append((index, head))
+        else:  # decode_steps names what is wrong, or refuses the text
+            errors.append(_why(fields))
+    parts = [_flush_columns(flushes, errors), _relayed_columns(relayed, errors)]
+    nodes: dict[str, int] = {}
+    for part in parts:  # a node's code per entry (few), then per row
+        codes = [nodes.setdefault(n, len(nodes)) for n in part.pop("entry_node")]
+        part["code"] = np.asarray(codes, dtype=np.int64)[part.pop("row_entry")]
+    order = np.argsort(np.concatenate([p["entry"] for p in parts]), kind="stable")
+    cols = {k: np.concatenate([p[k] for p in parts])[order] for k in parts[0] if k != "entry"}
+    names = list(nodes)
+    code = cols["code"].astype(np.int64)
+    groups = cols["group"]
+    batch = RecordBatch(
+        rank=cols["rank"].astype(np.int64),
+        step=cols["step"].astype(np.int64),
+        attempt=cols["attempt"].astype(np.int64),
+        gpu=cols["gpu"].astype(np.int64),
+        ts=cols["ts"],
+        step_s=cols["step_s"],
+        compute_s=cols["compute_s"],
+        comm_s=cols["comm_s"],
+        data_s=cols["data_s"],
+        node=np.asarray(names, dtype=object)[code] if names else np.empty(0, dtype=object),
+        group=groups if any(groups) else None,
     )
+    return Decoded(batch, code, names, len(errors), errors[:keep_errors])
 
 
 def _why(fields: Mapping[str, str]) -> str:
@@ -113,49 +87,121 @@ def _why(fields: Mapping[str, str]) -> str:
     return "steps hold a token out of place"  # pragma: no cover - regular=False always raises
 
 
-def _parse_steps(heads: Sequence[FlushHeader]) -> tuple[list[bool], np.ndarray]:
-    """The steps of ``heads`` as rows, and per flush whether all its values are in range
-    (only those flushes' rows are returned)."""
-    parts, good = [], []
-    for begin in range(0, len(heads), _CHUNK):
-        chunk = heads[begin : begin + _CHUNK]
-        text = " ".join(h.text for h in chunk if h.count)
-        tokens = np.array(text.split(), dtype=object)
-        tokens[tokens == "-"] = "nan"  # only "-" can become NaN: the text holds no letters
-        try:
-            values = tokens.astype(np.float64).reshape(-1, 6)
-        except ValueError:  # a token float() refuses ("1.2.3"): judge flush by flush
-            values = _parse_one_by_one(chunk)
-        counts = np.fromiter((h.count for h in chunk), np.int64, len(chunk))
-        ok_rows = _rows_in_range(values)
-        owner = np.repeat(np.arange(len(chunk)), counts)
-        bad = np.zeros(len(chunk), dtype=bool)
-        bad[owner[~ok_rows]] = True
-        good.extend((~bad).tolist())
-        parts.append(values[~bad[owner]])
-    rows = np.concatenate(parts) if parts else np.empty((0, 6))
-    return good, rows
+def _parse(texts: list[str], width: int) -> np.ndarray | None:
+    """``texts`` as rows of ``width`` numbers ("-": NaN); None when a token is not a number."""
+    tokens = np.array(" ".join(texts).split(), dtype=object)
+    tokens[tokens == "-"] = "nan"  # only "-" can become NaN: the texts hold no letters
+    try:
+        return tokens.astype(np.float64).reshape(-1, width)
+    except ValueError:
+        return None
 
 
-def _parse_one_by_one(chunk: Sequence[FlushHeader]) -> np.ndarray:
-    """The chunk's rows, those of a flush with an unparsable token set to -1 (out of range)."""
-    rows = []
-    for head in chunk:
-        if not head.count:
-            continue
-        tokens = ["nan" if t == "-" else t for t in head.text.split()]
-        try:
-            rows.append(np.array(tokens, dtype=np.float64).reshape(-1, 6))
-        except ValueError:
-            rows.append(np.full((head.count, 6), -1.0))
-    return np.concatenate(rows) if rows else np.empty((0, 6))
+def _parse_each(texts: list[str], counts: list[int], width: int) -> np.ndarray:
+    """Like :func:`_parse`, text by text; a text with a bad token gives rows of -1."""
+    rows = [_parse([t], width) for t in texts]
+    return np.concatenate(
+        [
+            r if r is not None else np.full((c, width), -1.0)
+            for r, c in zip(rows, counts, strict=True)
+        ]
+        or [np.empty((0, width))]
+    )
 
 
-def _rows_in_range(values: np.ndarray) -> np.ndarray:
-    """Per row: an integer step >= 0, finite ts and step_s >= 0, phases finite >= 0 or NaN."""
+def _steps_ok(values: np.ndarray) -> np.ndarray:
+    """Per row of (step, ts, step_s, compute_s, comm_s, data_s): an integer step >= 0, finite
+    ts and step_s >= 0, phases finite >= 0 or NaN."""
     step, required, phases = values[:, 0], values[:, 1:3], values[:, 3:]
     with np.errstate(invalid="ignore"):
         ok = (step >= 0) & (step < _MAX_STEP) & (np.floor(step) == step)
         ok &= np.all(np.isfinite(required) & (required >= 0), axis=1)
         ok &= np.all(np.isnan(phases) | (np.isfinite(phases) & (phases >= 0)), axis=1)
     return np.asarray(ok)
+
+
+def _rows(
+    entry: list[int], counts: list[int], values: np.ndarray, ok_rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per entry whether all its rows are fine, and the row -> entry position map."""
+    owner = np.repeat(np.arange(len(entry)), counts)
+    bad = np.zeros(len(entry), dtype=bool)
+    bad[owner[~ok_rows]] = True
+    return ~bad, owner
+
+
+def _flush_columns(
+    flushes: list[tuple[int, FlushHeader]], errors: list[str]
+) -> dict[str, np.ndarray]:
+    entry = [i for i, _ in flushes]
+    heads = [h for _, h in flushes]
+    counts = [h.count for h in heads]
+    texts = [h.text for h in heads if h.count]
+    values = _parse(texts, 6)
+    if values is None:
+        values = _parse_each([h.text for h in heads], counts, 6)
+    good, owner = _rows(entry, counts, values, _steps_ok(values))
+    errors += [
+        f"rank {h.rank}: a step's value is out of range"
+        for h, g in zip(heads, good, strict=True)
+        if not g
+    ]
+    keep = good[owner]
+    row_owner = owner[keep]
+    per = {
+        "rank": np.array([h.rank for h in heads], dtype=np.int64),
+        "gpu": np.array([h.gpu for h in heads], dtype=np.int64),
+        "attempt": np.array([h.attempt for h in heads], dtype=np.int64),
+        "group": np.array([h.group for h in heads], dtype=object),
+        "entry": np.array(entry, dtype=np.int64),
+    }
+    cols = {k: v[row_owner] for k, v in per.items()}
+    nodes = [h.node for h in heads]
+    return {**cols, **_step_columns(values[keep]), "entry_node": nodes, "row_entry": row_owner}
+
+
+def _relayed_columns(
+    relayed: list[tuple[int, RelayedHeader]], errors: list[str]
+) -> dict[str, np.ndarray]:
+    entry = [i for i, _ in relayed]
+    heads = [h for _, h in relayed]
+    counts = [h.count for h in heads]
+    texts = [h.text for h in heads if h.count]
+    values = _parse(texts, 10)
+    if values is None:
+        values = _parse_each([h.text for h in heads], counts, 10)
+    owner = np.repeat(np.arange(len(heads)), counts)
+    labels = np.array([len(h.groups) for h in heads], dtype=np.int64)
+    ok_rows = (
+        _steps_ok(values[:, 4:])
+        & (values[:, 3] <= labels[owner])
+        & (values[:, :4] >= 0).all(axis=1)
+    )
+    good, owner = _rows(entry, counts, values, ok_rows)
+    errors += [
+        f"relayed entry of {h.node}: a row is out of range"
+        for h, g in zip(heads, good, strict=True)
+        if not g
+    ]
+    keep = good[owner]
+    row_owner, kept = owner[keep], values[keep]
+    # Every entry's labels in one table ("" first for each): a row's label is at its entry's
+    # offset plus its index.
+    table = np.array([label for h in heads for label in ("", *h.groups)], dtype=object)
+    offsets = np.cumsum([0] + [1 + len(h.groups) for h in heads])[:-1].astype(np.int64)
+    index = offsets[row_owner] + kept[:, 3].astype(np.int64)
+    return {
+        "rank": kept[:, 0],
+        "gpu": kept[:, 1],
+        "attempt": kept[:, 2],
+        "group": table[index] if len(kept) else np.empty(0, dtype=object),
+        "entry": np.array(entry, dtype=np.int64)[row_owner],
+        **_step_columns(kept[:, 4:]),
+        "entry_node": [h.node for h in heads],
+        "row_entry": row_owner,
+    }
+
+
+def _step_columns(values: np.ndarray) -> dict[str, np.ndarray]:
+    names = ("step", "ts", "step_s", "compute_s", "comm_s", "data_s")
+    return {name: values[:, i] for i, name in enumerate(names)}

@@ -18,8 +18,6 @@ from typing import Any
 from slurm_plugin.errors import TelemetryError
 
 MAX_STEPS_PER_ENTRY = 10_000
-#: Rank flushes one node relay's entry may pack (a node's ranks, several flushes each).
-MAX_RELAYED_FLUSHES = 4096
 _MISSING = "-"
 _GROUP = re.compile(r"[A-Za-z0-9_.:=/+-]{1,64}")
 _FLUSH = re.compile(r"([0-9a-f]{16})\.([0-9]{1,18})")
@@ -222,33 +220,6 @@ def decode_steps(job_id: str, fields: Mapping[str, str]) -> list[StepRecord]:
     if not head.regular:  # every value parsed, but not as the encoder writes them ("1_0")
         raise TelemetryError(f"steps hold a token out of place: {head.text[:60]!r}")
     return records
-
-
-def encode_relayed(node: str, flushes: Sequence[Mapping[str, str]]) -> dict[str, str]:
-    """One steps entry for the flushes of many ranks of ``node`` (a node relay's): ``node`` and
-    ``relayed``, a JSON list of the flushes' fields without their own ``node``."""
-    packed = [{k: v for k, v in f.items() if k != "node"} for f in flushes]
-    return {"node": node, "relayed": json.dumps(packed, separators=(",", ":"))}
-
-
-def split_entry(fields: Mapping[str, str]) -> list[Mapping[str, str]]:
-    """The rank flushes of one steps entry: the entry itself, or the ones a node relay packed
-    into it, each given the relay's node (a rank never names its node through a relay)."""
-    if "relayed" not in fields:
-        return [fields]
-    node = _field(fields, "node")
-    try:
-        packed = json.loads(fields["relayed"])
-    except json.JSONDecodeError as exc:
-        raise TelemetryError(f"relayed entry is not JSON: {exc}") from None
-    if not isinstance(packed, list) or len(packed) > MAX_RELAYED_FLUSHES:
-        raise TelemetryError(f"relayed entry must list at most {MAX_RELAYED_FLUSHES} flushes")
-    flushes: list[Mapping[str, str]] = []
-    for flush in packed:
-        if not isinstance(flush, dict) or not all(isinstance(v, str) for v in flush.values()):
-            raise TelemetryError("a relayed flush must map field names to strings")
-        flushes.append({**flush, "node": node})
-    return flushes
 
 
 def encode_json_entry(payload: Mapping[str, Any]) -> dict[str, str]:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import redis
 import structlog
 
@@ -51,32 +52,53 @@ class EvidenceFilter:
     def judge(
         self,
         job: JobInfo,
-        ranks: Sequence[int],
+        rank: np.ndarray,
+        node_code: np.ndarray,
         nodes: Sequence[str],
-        attempts: Sequence[int],
-        counts: Sequence[int],
-    ) -> tuple[list[bool], Counter[str]]:
-        """Per flush (a rank's steps: one rank, node and attempt), in stream order: believe it
-        or not; the records of the flushes not believed are counted by reason."""
+        attempt: np.ndarray,
+    ) -> tuple[np.ndarray, Counter[str]]:
+        """Per record, in stream order (arrays; a record's node is ``nodes[node_code]``):
+        believe it or not; those not believed are counted by reason."""
         view = self._jobs.setdefault(job.job_id, _JobView())
-        allowed = set(job.nodes)
-        keep: list[bool] = []
+        job_nodes = set(job.nodes)
+        allowed = np.array([n in job_nodes for n in nodes], dtype=bool)
+        foreign = ~allowed[node_code] if len(nodes) else np.zeros(len(rank), dtype=bool)
+        future = ~foreign & (attempt > job.restarts)
+        keep = ~foreign & ~future
+        moved = np.zeros(len(rank), dtype=bool)
+        rows = np.flatnonzero(keep)
+        # The attempt in force at each record: the highest seen so far (a record of an older
+        # attempt is believed as it is; within the newest, a rank stays on its first node).
+        current = np.maximum.accumulate(np.concatenate(([view.attempt], attempt[rows])))[1:]
+        for value in np.unique(current) if len(rows) else []:
+            if value > view.attempt:
+                view.attempt, view.rank_nodes = int(value), {}
+            mine = rows[(current == value) & (attempt[rows] == value)]
+            moved[mine] = self._moved(view, rank[mine], node_code[mine], nodes)
+        keep &= ~moved
         dropped: Counter[str] = Counter()
-        for rank, node, attempt, count in zip(ranks, nodes, attempts, counts, strict=True):
-            reason = None
-            if node not in allowed:
-                reason = "foreign_node"
-            elif attempt > job.restarts:
-                reason = "future_attempt"
-            else:
-                if attempt > view.attempt:
-                    view.attempt, view.rank_nodes = attempt, {}
-                if attempt == view.attempt and view.rank_nodes.setdefault(rank, node) != node:
-                    reason = "rank_moved"
-            keep.append(reason is None)
-            if reason is not None:
-                dropped[reason] += count
+        for reason, mask in (
+            ("foreign_node", foreign),
+            ("future_attempt", future),
+            ("rank_moved", moved),
+        ):
+            if mask.any():
+                dropped[reason] = int(mask.sum())
         return keep, dropped
+
+    @staticmethod
+    def _moved(
+        view: _JobView, rank: np.ndarray, node_code: np.ndarray, nodes: Sequence[str]
+    ) -> np.ndarray:
+        """Which of these records (of the attempt in force, in order) have a rank off the
+        node it was first seen on; binds the ranks seen for the first time."""
+        ranks, first, inverse = np.unique(rank, return_index=True, return_inverse=True)
+        codes = {name: i for i, name in enumerate(nodes)}
+        bound = np.empty(len(ranks), dtype=np.int64)
+        for i, (r, at) in enumerate(zip(ranks.tolist(), first.tolist(), strict=True)):
+            node = view.rank_nodes.setdefault(r, nodes[node_code[at]])
+            bound[i] = codes.get(node, -1)
+        return np.asarray(node_code != bound[inverse])
 
     def forget_all_but(self, running: Iterable[str]) -> None:
         """Drop every job not in ``running``."""

@@ -16,7 +16,7 @@ import structlog
 
 from slurm_plugin.detection import Detector
 from slurm_plugin.model.cluster import JobInfo
-from slurm_plugin.model.columns import decode_flushes
+from slurm_plugin.model.columns import decode_entries
 from slurm_plugin.service.evidence import EvidenceFilter
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.state import ServiceState
@@ -85,27 +85,25 @@ class Ingest:
         limit = MAX_ENTRIES_PER_JOB
         if mark is not None:
             limit = min(MAX_BACKLOG_PER_JOB, max(limit, mark.added - done))
-        flushes: list[Mapping[str, str]] = []
-        entries = repeats = malformed = 0
+        fields: list[Mapping[str, str]] = []
+        entries = repeats = 0
         seen = self._seen.setdefault(job.job_id, {})
         for _ in range(-(-limit // PAGE)):
-            page = self.store.read_flushes(
+            page = self.store.read_entries(
                 job.job_id, cursor, count=PAGE, until=mark.last_id if mark else "+", seen=seen
             )
-            flushes += page.flushes
-            entries += page.entries
+            fields += page.entries
+            entries += page.read
             repeats += page.repeats
-            malformed += page.malformed
             if page.last_id == cursor:
                 break
             cursor = page.last_id
-        decoded = decode_flushes(flushes)
-        if decoded.malformed or malformed:
+        decoded = decode_entries(fields)
+        if decoded.malformed:
             log.warning(
-                "telemetry.malformed_flushes",
+                "telemetry.malformed_entries",
                 job_id=job.job_id,
-                flushes=decoded.malformed,
-                entries=malformed,
+                entries=decoded.malformed,
                 errors=decoded.errors,
             )
         read = done + entries
@@ -128,14 +126,11 @@ class Ingest:
                     hint="the service fell further behind than the stream keeps (60 s of "
                     "every rank's flushes): see the cycle time in `straggler status`",
                 )
+        batch = decoded.batch
         keep, dropped = self.evidence.judge(
-            job,
-            decoded.rank.tolist(),
-            decoded.node,
-            decoded.attempt.tolist(),
-            decoded.count.tolist(),
+            job, batch.rank, decoded.node_code, decoded.nodes, batch.attempt
         )
-        kept = decoded.batch(np.asarray(keep, dtype=bool))
+        kept = batch.take(keep)
         self.state.update_job(job.job_id, **update)
         if dropped:
             self.state.count_ignored(job.job_id, dropped)
@@ -144,8 +139,7 @@ class Ingest:
             log.warning("service.records_ignored", job_id=job.job_id, **dropped)
         if len(kept):
             detector.add(job.job_id, kept)
-        total = int(decoded.count.sum())
-        return Kept(len(kept), len(np.unique(kept.rank))), total - len(kept)
+        return Kept(len(kept), len(np.unique(kept.rank))), len(batch) - len(kept)
 
     def events(self, job: JobInfo) -> None:
         """Note the job's newest checkpoint (and that it reports checkpoints at all)."""

@@ -3,7 +3,7 @@
 A root-owned process on each node (``straggler relay``) listens on a Unix socket. A rank's
 reporter sends its flushes there (one JSON line per flush: the job, the encoded steps entries,
 the events); every ``tick_s`` (a second, the reporters' flush interval) the relay writes one
-steps entry per job holding every flush it received (``model.records.encode_relayed``), in
+steps entry per job holding every flush it received (``model.relayed``), in
 one pipeline, then answers each flush. Redis sees one client per node, and the service one
 stream entry per node and tick.
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import secrets
 import socket
 import struct
 import threading
@@ -31,7 +32,8 @@ import structlog
 
 from slurm_plugin.errors import RedisUnavailableError, StragglerError, TelemetryError
 from slurm_plugin.model import keys
-from slurm_plugin.model.records import encode_relayed
+from slurm_plugin.model.records import FlushHeader, decode_header, decode_steps, flush_id
+from slurm_plugin.model.relayed import encode_relayed
 from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)
@@ -42,6 +44,7 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 #: How long a flush waits for the tick that stores it; a reporter waits longer for the answer.
 ANSWER_WAIT_S = 10.0
 CLIENT_TIMEOUT_S = 15.0
+_STORED_KEEP_S = 600.0
 _CGROUP_JOB = re.compile(r"/job_([0-9]+)(?:/|$)")
 
 
@@ -70,7 +73,10 @@ def peer_pid(conn: socket.socket) -> int:
 @dataclass
 class _Flush:
     job_id: str
-    steps: list[dict[str, str]]
+    #: The reporter's steps entries, checked (the relay never packs one that readers refuse).
+    steps: list[FlushHeader]
+    #: Each steps entry's reporter id (session, sequence), when it has one.
+    ids: list[tuple[str, int] | None]
     events: list[dict[str, Any]]
     refresh_ttl: bool
     steps_maxlen: int | None
@@ -78,7 +84,7 @@ class _Flush:
     error: str | None = None
 
 
-def _parse(line: bytes) -> _Flush:
+def parse_message(line: bytes) -> _Flush:
     """A flush message; :class:`TelemetryError` when it is not one."""
     try:
         message = json.loads(line)
@@ -97,9 +103,13 @@ def _parse(line: bytes) -> _Flush:
         and (maxlen is None or (isinstance(maxlen, int) and maxlen > 0))
     ):
         raise TelemetryError("a flush message holds steps entries, events and steps_maxlen")
+    job_id = keys.check_job_id(str(message.get("job_id", "")))
+    for fields in steps:
+        decode_steps(job_id, fields)  # every value checked; raises on the first bad one
     return _Flush(
-        keys.check_job_id(str(message.get("job_id", ""))),
-        steps,
+        job_id,
+        [decode_header(fields) for fields in steps],
+        [flush_id(fields) for fields in steps],
         events,
         bool(message.get("refresh_ttl")),
         maxlen,
@@ -129,10 +139,18 @@ class Relay:
         self._server: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         self._conns: set[socket.socket] = set()
+        # Per (rank, reporter session): the newest flush stored. A reporter that did not hear
+        # our answer sends a flush again; one already stored is not packed twice.
+        # Kept 10 minutes after the last one (a reporter retries within seconds).
+        self._stored: dict[tuple[int, str], tuple[int, float]] = {}
+        # This relay's own entry ids (a write Redis stored before we gave up is read once).
+        self._session = secrets.token_hex(8)
+        self._seq = 0
         # Counters, for logs and tests.
         self.flushes = 0
         self.entries = 0
         self.refused = 0
+        self.repeats = 0
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -224,7 +242,7 @@ class Relay:
         if len(line) > MAX_MESSAGE_BYTES:
             return self._refuse(f"message over {MAX_MESSAGE_BYTES} bytes", peer_job)
         try:
-            flush = _parse(line)
+            flush = parse_message(line)
         except StragglerError as exc:
             return self._refuse(str(exc), peer_job)
         if flush.job_id != peer_job:
@@ -263,12 +281,21 @@ class Relay:
             by_job.setdefault(flush.job_id, []).append(flush)
         error = None
         for job_id, group in by_job.items():
-            steps = [s for f in group for s in f.steps]
+            fresh = [
+                (head, fid)
+                for f in group
+                for head, fid in zip(f.steps, f.ids, strict=True)
+                if not self._repeat(head, fid)
+            ]
+            steps = [head for head, _ in fresh]
             maxlens = [f.steps_maxlen for f in group if f.steps_maxlen]
+            self._seq += 1
             try:
                 self.store.publish(
                     job_id,
-                    [encode_relayed(self.node, steps)] if steps else [],
+                    [encode_relayed(self.node, steps, f"{self._session}.{self._seq}")]
+                    if steps
+                    else [],
                     [e for f in group for e in f.events],
                     refresh_ttl=any(f.refresh_ttl for f in group),
                     steps_maxlen=max(maxlens) if maxlens else None,
@@ -278,9 +305,25 @@ class Relay:
                 for flush in group:
                     flush.error = error
                 continue
+            now = time.monotonic()
+            for head, fid in fresh:
+                if fid is not None:
+                    key = (head.rank, fid[0])
+                    self._stored[key] = (max(fid[1], self._stored.get(key, (-1, 0.0))[0]), now)
+            if len(self._stored) > 4096:
+                old = [k for k, (_, at) in self._stored.items() if now - at > _STORED_KEEP_S]
+                for key in old:
+                    del self._stored[key]
             self.flushes += len(group)
             self.entries += 1 if steps else 0
         return error
+
+    def _repeat(self, head: FlushHeader, fid: tuple[str, int] | None) -> bool:
+        """A flush already stored (its reporter sends it again when it missed our answer)."""
+        if fid is None or fid[1] > self._stored.get((head.rank, fid[0]), (-1, 0.0))[0]:
+            return False
+        self.repeats += 1
+        return True
 
     @staticmethod
     def _answer(flushes: Sequence[_Flush], error: str | None) -> None:

@@ -6,7 +6,6 @@ hash tag ``{JOB}``, so every pipeline of one job stays on one shard.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,15 +19,15 @@ from redis.retry import Retry
 
 from slurm_plugin.errors import RedisUnavailableError, TelemetryError
 from slurm_plugin.model import keys
+from slurm_plugin.model.columns import decode_entries
 from slurm_plugin.model.records import (
     StepRecord,
     decode_json_entry,
-    decode_steps,
     encode_json_entry,
     flush_id,
-    split_entry,
     to_text,
 )
+from slurm_plugin.model.relayed import is_relayed
 
 if TYPE_CHECKING:
     from slurm_plugin.config import Settings
@@ -142,16 +141,14 @@ def _fields(fields: Mapping[str, str]) -> dict[Any, Any]:
 
 
 @dataclass(frozen=True)
-class FlushPage:
-    """A chunk of a job's steps stream as rank flushes (fields, not decoded yet)."""
+class EntriesPage:
+    """A chunk of a job's steps stream: its entries' fields, not decoded yet."""
 
-    flushes: list[Mapping[str, str]]
+    entries: list[Mapping[str, str]]
     last_id: str
-    #: Entries that are not steps entries at all (a relayed entry that is not a list...).
-    malformed: int
-    #: Stream entries read.
-    entries: int
-    #: Flushes skipped as repeats of one already read.
+    #: Stream entries read (repeats included).
+    read: int
+    #: Entries skipped as repeats of one already read (a retried write stored twice).
     repeats: int
 
 
@@ -261,42 +258,37 @@ class TelemetryStore:
             return None
         return StreamMark(last.decode() if isinstance(last, bytes) else str(last), int(added))
 
-    def read_flushes(
+    def read_entries(
         self,
         job_id: str,
         after: str = "0-0",
         count: int = 5000,
         until: str = "+",
         seen: Seen | None = None,
-    ) -> FlushPage:
-        """The rank flushes of the entries after stream id ``after`` (exclusive) up to ``until``
-        (inclusive), not decoded; with ``seen`` (kept by the caller across pages), repeats of
-        flushes already read are skipped and counted."""
-        entries = cast(
+    ) -> EntriesPage:
+        """The steps entries after stream id ``after`` (exclusive) up to ``until`` (inclusive),
+        not decoded; with ``seen`` (kept by the caller across pages), repeats of entries
+        already read are skipped and counted."""
+        raw = cast(
             "list[tuple[bytes, dict[bytes, bytes]]]",
             self.client.xrange(keys.job_steps(job_id), min=f"({after}", max=until, count=count),
         )
-        flushes: list[Mapping[str, str]] = []
-        malformed = repeats = 0
+        entries: list[Mapping[str, str]] = []
+        repeats = 0
         last = after
-        for entry_id, raw in entries:
+        for entry_id, values in raw:
             last = entry_id.decode()
-            try:
-                split = split_entry(to_text(raw))  # type: ignore[arg-type]
-            except TelemetryError as exc:
-                malformed += 1
-                log.warning("telemetry.malformed_entry", job_id=job_id, entry=last, error=str(exc))
-                continue
-            for fields in split:
-                flush = flush_id(fields) if seen is not None else None
-                if seen is not None and flush is not None:
-                    key = (fields.get("rank", ""), flush[0])
-                    if flush[1] <= seen.get(key, -1):
-                        repeats += 1
-                        continue
-                    seen[key] = flush[1]
-                flushes.append(fields)
-        return FlushPage(flushes, last, malformed, len(entries), repeats)
+            fields = to_text(values)  # type: ignore[arg-type]
+            flush = flush_id(fields) if seen is not None else None
+            if seen is not None and flush is not None:
+                # A rank's flushes by rank; a relay's entries by its node (never digits alone).
+                who = f"@{fields.get('node', '')}" if is_relayed(fields) else fields.get("rank", "")
+                if flush[1] <= seen.get((who, flush[0]), -1):
+                    repeats += 1
+                    continue
+                seen[(who, flush[0])] = flush[1]
+            entries.append(fields)
+        return EntriesPage(entries, last, len(raw), repeats)
 
     def read_steps(
         self,
@@ -306,34 +298,23 @@ class TelemetryStore:
         until: str = "+",
         seen: Seen | None = None,
     ) -> StepsPage:
-        """Entries after stream id ``after`` (exclusive) up to ``until`` (inclusive), decoded
-        into records (export, backtest); see :meth:`read_flushes`."""
-        page = self.read_flushes(job_id, after, count, until, seen)
-        records: list[StepRecord] = []
-        malformed = page.malformed
-        for fields in page.flushes:
-            try:
-                records.extend(decode_steps(job_id, fields))
-            except TelemetryError as exc:
-                malformed += 1
-                log.warning(
-                    "telemetry.malformed_entry", job_id=job_id, entry=page.last_id, error=str(exc)
-                )
-        return StepsPage(records, page.last_id, malformed, page.entries, page.repeats)
+        """:meth:`read_entries`, decoded into records (export, backtest)."""
+        page = self.read_entries(job_id, after, count, until, seen)
+        decoded = decode_entries(page.entries)
+        for error in decoded.errors:
+            log.warning("telemetry.malformed_entry", job_id=job_id, until=page.last_id, error=error)
+        records = decoded.batch.to_records(job_id)
+        return StepsPage(records, page.last_id, decoded.malformed, page.read, page.repeats)
 
     def latest_steps(self, job_id: str, entries: int = 5000) -> list[StepRecord]:
-        """The records of the newest ``entries`` stream entries (each one rank's batch), for a
-        bounded look at what the job does now; malformed entries are skipped."""
+        """The records of the newest ``entries`` stream entries, for a bounded look at what
+        the job does now; malformed entries are skipped."""
         newest = cast(
             "list[tuple[bytes, dict[bytes, bytes]]]",
             self.client.xrevrange(keys.job_steps(job_id), count=entries),
         )
-        records: list[StepRecord] = []
-        for _, raw in newest:
-            with contextlib.suppress(TelemetryError):
-                for fields in split_entry(to_text(raw)):  # type: ignore[arg-type]
-                    records.extend(decode_steps(job_id, fields))
-        return records
+        decoded = decode_entries([to_text(raw) for _, raw in reversed(newest)])  # type: ignore[arg-type]
+        return decoded.batch.to_records(job_id)
 
     def iter_steps(self, job_id: str, chunk: int = 5000) -> Iterator[StepRecord]:
         """Every step record of the job, oldest entry first."""

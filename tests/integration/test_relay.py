@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from slurm_plugin.model import keys
-from slurm_plugin.model.records import StepRecord
-from slurm_plugin.telemetry.relay import Relay
+from slurm_plugin.model.records import StepRecord, encode_steps
+from slurm_plugin.telemetry.relay import Relay, parse_message
 from slurm_plugin.telemetry.store import Seen, TelemetryStore, connect
 from tests.integration.conftest import RedisServer
 
@@ -171,3 +171,17 @@ def test_straggler_relay_serves_until_sigterm(private_redis: RedisServer, tmp_pa
     records, _, _ = _read_all(TelemetryStore(connect(private_redis.url)))
     assert len(records) == published > 0
     assert {r.node for r in records} == {"nodeZ"}
+
+
+def test_a_flush_sent_again_after_a_missed_answer_is_stored_once(
+    private_redis: RedisServer, relays: list[Relay]
+) -> None:
+    relay = relays[0]
+    steps = [(7, 1.0, 1.0, 0.5, None, None)]
+    flush = encode_steps(3, "claimed", 0, 0, steps, flush="00000000000000ff.1")
+    message = json.dumps({"job_id": JOB, "steps": [flush], "events": []}).encode()
+    assert relay.publish([parse_message(message)]) is None
+    assert relay.publish([parse_message(message)]) is None  # the reporter did not hear the answer
+    records, repeats, _ = _read_all(TelemetryStore(connect(private_redis.url)))
+    assert [(r.rank, r.step, r.node) for r in records] == [(3, 7, "node0")]
+    assert (relay.repeats, repeats) == (1, 0)

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from slurm_plugin.errors import TelemetryError
 from slurm_plugin.model.batch import RecordBatch
-from slurm_plugin.model.columns import decode_flushes
-from slurm_plugin.model.records import StepRecord, decode_steps, encode_steps
+from slurm_plugin.model.columns import decode_entries
+from slurm_plugin.model.records import StepRecord, decode_header, decode_steps, encode_steps
+from slurm_plugin.model.relayed import encode_relayed
 
 _VALUE = st.one_of(
     st.none(), st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False)
@@ -73,9 +74,13 @@ def test_columns_agree_with_the_record_decoder(flushes: list[dict[str, str]]) ->
             records.extend(decode_steps("9", fields))
         except TelemetryError:
             refused += 1
-    decoded = decode_flushes(flushes)
+    decoded = decode_entries(flushes)
     assert decoded.malformed == refused
-    got, want = decoded.batch(), RecordBatch.from_records(records)
+    _assert_same(decoded.batch, records)
+
+
+def _assert_same(got: RecordBatch, records: list[StepRecord]) -> None:
+    want = RecordBatch.from_records(records)
     assert len(got) == len(want)
     for name in ("rank", "step", "attempt", "gpu", "ts", "step_s", "compute_s", "comm_s"):
         assert _nan_equal(getattr(got, name), getattr(want, name)), name
@@ -86,20 +91,25 @@ def test_columns_agree_with_the_record_decoder(flushes: list[dict[str, str]]) ->
     ]
 
 
-def test_a_batch_of_some_flushes_holds_their_steps_only() -> None:
-    steps = [(s, 100.0 + s, 1.0, 0.5, None, 0.1) for s in range(3)]
-    flushes = [encode_steps(rank, f"node{rank}", 0, 0, steps[: rank + 1]) for rank in range(3)]
-    decoded = decode_flushes(flushes)
-    batch = decoded.batch(np.array([True, False, True]))
-    assert list(batch.rank) == [0, 2, 2, 2]
-    assert list(batch.step) == [0, 0, 1, 2]
-    assert list(batch.node) == ["node0", "node2", "node2", "node2"]
-    assert np.isnan(batch.comm_s).all()
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_GOOD, min_size=0, max_size=10), st.lists(_GOOD, min_size=0, max_size=4))
+def test_a_relayed_entry_reads_as_its_flushes_on_the_relays_node(
+    packed: list[dict[str, str]], plain: list[dict[str, str]]
+) -> None:
+    relayed = encode_relayed("node9", [decode_header(f) for f in packed], "0123456789abcdef.1")
+    entries = [*plain[:2], relayed, *plain[2:]]  # stream order is kept
+    records = [r for f in plain[:2] for r in decode_steps("9", f)]
+    records += [r for f in packed for r in decode_steps("9", {**f, "node": "node9"})]
+    records += [r for f in plain[2:] for r in decode_steps("9", f)]
+    decoded = decode_entries(entries)
+    assert decoded.malformed == 0
+    _assert_same(decoded.batch, records)
+    assert [decoded.nodes[c] for c in decoded.node_code] == [r.node for r in records]
 
 
 def test_a_malformed_flush_is_counted_with_its_reason() -> None:
     good = encode_steps(1, "node1", 0, 0, [(0, 1.0, 1.0, None, None, None)])
-    decoded = decode_flushes([good, {**good, "steps": "0 1 -1 - - -"}, {**good, "rank": "x"}])
+    decoded = decode_entries([good, {**good, "steps": "0 1 -1 - - -"}, {**good, "rank": "x"}])
     assert decoded.malformed == 2
-    assert len(decoded.batch()) == 1
+    assert len(decoded.batch) == 1
     assert any("rank='x'" in e for e in decoded.errors)

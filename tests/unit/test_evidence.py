@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.model.records import StepRecord
 from slurm_plugin.policy.history import HistoryParams, Incident, NodeHistory, record_incident
@@ -34,15 +38,57 @@ def _rec(rank: int, node: str, attempt: int = 1, step: int = 0) -> StepRecord:
 def _filter(
     evidence: EvidenceFilter, job: JobInfo, records: list[StepRecord]
 ) -> tuple[list[StepRecord], Counter[str]]:
-    """Each record judged as a flush of its own."""
+    """The records ``evidence`` believes (its arrays built from record objects)."""
+    nodes = sorted({r.node for r in records})
     keep, dropped = evidence.judge(
         job,
-        [r.rank for r in records],
-        [r.node for r in records],
-        [r.attempt for r in records],
-        [1] * len(records),
+        np.array([r.rank for r in records], dtype=np.int64),
+        np.array([nodes.index(r.node) for r in records], dtype=np.int64),
+        nodes,
+        np.array([r.attempt for r in records], dtype=np.int64),
     )
     return [r for r, ok in zip(records, keep, strict=True) if ok], dropped
+
+
+def _reference(
+    state: dict[str, object], job: JobInfo, records: list[StepRecord]
+) -> tuple[list[StepRecord], Counter[str]]:
+    """The rules record by record, as first written (the arrays must agree with it)."""
+    kept, dropped = [], Counter[str]()
+    for r in records:
+        if r.node not in job.nodes:
+            dropped["foreign_node"] += 1
+            continue
+        if r.attempt > job.restarts:
+            dropped["future_attempt"] += 1
+            continue
+        if r.attempt > state["attempt"]:  # type: ignore[operator]
+            state["attempt"], state["nodes"] = r.attempt, {}
+        if r.attempt == state["attempt"]:
+            bound = state["nodes"].setdefault(r.rank, r.node)  # type: ignore[attr-defined]
+            if bound != r.node:
+                dropped["rank_moved"] += 1
+                continue
+        kept.append(r)
+    return kept, dropped
+
+
+_RECORD = st.builds(
+    _rec,
+    st.integers(0, 4),
+    st.sampled_from(["node1", "node2", "node3"]),
+    st.integers(0, 3),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(_RECORD, max_size=12), min_size=1, max_size=4))
+def test_the_arrays_judge_as_the_rules_do_record_by_record(
+    cycles: list[list[StepRecord]],
+) -> None:
+    evidence, state = EvidenceFilter(), {"attempt": -1, "nodes": {}}
+    for records in cycles:  # one cycle's records after another: the bindings carry over
+        assert _filter(evidence, JOB, records) == _reference(state, JOB, records)
 
 
 def test_records_that_do_not_fit_the_job_are_dropped_and_counted() -> None:

@@ -6,44 +6,49 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.errors import TelemetryError
-from slurm_plugin.model.records import decode_steps, encode_relayed, encode_steps, split_entry
+from slurm_plugin.model.columns import decode_entries
+from slurm_plugin.model.records import decode_header, encode_steps
+from slurm_plugin.model.relayed import encode_relayed
 from slurm_plugin.telemetry.relay import job_of_process
 
 
-def test_a_relayed_entry_holds_each_ranks_flush_with_the_relays_node() -> None:
-    flushes = [
-        encode_steps(
-            rank, "claimed", rank % 8, 0, [(5, 1.0, 0.1, 0.08, None, None)], flush=f"{rank:016x}.1"
-        )
+def _flushes() -> list[dict[str, str]]:
+    return [
+        encode_steps(rank, "claimed", rank % 8, 0, [(5, 1.0, 0.1, 0.08, None, None)], "pp=1")
         for rank in range(3)
     ]
-    split = split_entry(encode_relayed("node7", flushes))
-    assert [f["rank"] for f in split] == ["0", "1", "2"]
-    assert {f["node"] for f in split} == {"node7"}
-    assert [f["flush"] for f in split] == [f"{rank:016x}.1" for rank in range(3)]
-    records = [r for f in split for r in decode_steps("9", f)]
-    assert [(r.rank, r.node, r.step) for r in records] == [(i, "node7", 5) for i in range(3)]
 
 
-def test_a_plain_entry_is_its_own_flush() -> None:
-    fields = encode_steps(1, "node1", 0, 0, [(0, 1.0, 0.1, None, None, None)])
-    assert split_entry(fields) == [fields]
+def test_a_relayed_entry_holds_its_ranks_steps_as_rows() -> None:
+    entry = encode_relayed("node7", [decode_header(f) for f in _flushes()], "0123456789abcdef.3")
+    assert (entry["node"], entry["groups"], entry["n"]) == ("node7", "pp=1", "3")
+    assert entry["rows"].split("\n")[1] == "1 1 0 1 5 1.000000 0.1 0.08 - -"
+    decoded = decode_entries([entry])
+    batch = decoded.batch
+    assert batch.group is not None
+    assert (list(batch.rank), list(batch.node), list(batch.group)) == (
+        [0, 1, 2],
+        ["node7"] * 3,
+        ["pp=1"] * 3,
+    )
 
 
 @pytest.mark.parametrize(
-    ("relayed", "error"),
+    ("change", "error"),
     [
-        ("{not json", "not JSON"),
-        ('{"rank": "1"}', "at most"),
-        ('[{"rank": 1}]', "strings"),
-        ('["x"]', "strings"),
-        ("[" + ",".join(["{}"] * 5000) + "]", "at most 4096"),
+        ({"n": "4"}, "holds 3 rows"),
+        ({"groups": "bad,label"}, "group label"),
+        ({"rows": "0 0 0 2 5 1 1 - - -\n1 0 0 0 5 1 1 - - -\n2 0 0 0 5 1 1 - - -"}, "out of range"),
+        ({"rows": "0 0 0 0 5 1 nan - - -\n1 0 0 0 5 1 1 - - -\n2 0 0 0 5 1 1 - - -"}, "token"),
+        ({"rows": "0 0 0 0 5 1 -1 - - -\n1 0 0 0 5 1 1 - - -\n2 0 0 0 5 1 1 - - -"}, "range"),
+        ({"node": ""}, "node"),
     ],
 )
-def test_a_malformed_relayed_entry_is_refused(relayed: str, error: str) -> None:
-    with pytest.raises(TelemetryError, match=error):
-        split_entry({"node": "node1", "relayed": relayed})
+def test_a_malformed_relayed_entry_is_refused_whole(change: dict[str, str], error: str) -> None:
+    entry = encode_relayed("node7", [decode_header(f) for f in _flushes()], "0123456789abcdef.3")
+    decoded = decode_entries([{**entry, **change}])
+    assert (decoded.malformed, len(decoded.batch)) == (1, 0)
+    assert error in decoded.errors[0]
 
 
 def _proc(root: Path, pid: int, cgroup: str | None, environ: bytes | None) -> None:
