@@ -49,40 +49,76 @@ def _free_port() -> int:
 
 
 def produce(
-    url: str, ranks: int, seconds: float, start: float, published: Any, relayed: bool
+    url: str,
+    ranks: int,
+    seconds: float,
+    start: float,
+    published: Any,
+    relayed: bool,
+    slow_from: float,
 ) -> None:
     """Publish one step per rank per second until ``seconds`` have passed; counts the
     records Redis accepted in ``published`` (a shared integer). ``relayed``: one entry per
     node and second packing its ranks' flushes, what node relays write."""
     store = TelemetryStore(connect(url, timeout_s=10))
-    maxlen = keys.steps_maxlen(ranks, 1.0)
     rng = random.Random(7)  # noqa: S311 - noise, not cryptography
     step = 0
     while (now := time.time()) < start + seconds:
-        slow = 1.10 if now - start >= SLOW_FROM_S else 1.0
-        entries = []
-        for rank in range(ranks):
-            factor = slow if rank == SLOW_RANK else 1.0
-            compute = 0.7 * factor * (1 + 0.01 * rng.gauss(0, 1))
-            raw = (step, now, 1.0, compute, 1.0 - compute, 0.01)
-            entries.append(encode_steps(rank, f"gpu{rank // PER_NODE:05d}", rank % 8, 0, [raw]))
-        records = [1] * len(entries)  # one record per entry here
-        if relayed:
-            nodes = range(0, len(entries), PER_NODE)
-            entries = [
-                encode_relayed(
-                    f"gpu{i // PER_NODE:05d}",
-                    [decode_header(e) for e in entries[i : i + PER_NODE]],
-                    f"{i // PER_NODE:016x}.{step}",
-                )
-                for i in nodes
-            ]
-            records = [len(range(i, min(i + PER_NODE, ranks))) for i in nodes]
-        for i in range(0, len(entries), 4096):
-            store.publish(JOB, entries[i : i + 4096], steps_maxlen=maxlen)
-            published.value += sum(records[i : i + 4096])
+        published.value += publish_step(store, ranks, step, now - start >= slow_from, rng, relayed)
         step += 1
         time.sleep(max(0.0, start + step - time.time()))
+
+
+def publish_step(
+    store: TelemetryStore, ranks: int, step: int, slow: bool, rng: random.Random, relayed: bool
+) -> int:
+    """One step of every rank, stamped now; the records Redis accepted."""
+    now = time.time()
+    entries = []
+    for rank in range(ranks):
+        factor = 1.10 if slow and rank == SLOW_RANK else 1.0
+        compute = 0.7 * factor * (1 + 0.01 * rng.gauss(0, 1))
+        raw = (step, now, 1.0, compute, 1.0 - compute, 0.01)
+        entries.append(encode_steps(rank, f"gpu{rank // PER_NODE:05d}", rank % 8, 0, [raw]))
+    records = [1] * len(entries)  # one record per entry here
+    if relayed:
+        nodes = range(0, len(entries), PER_NODE)
+        entries = [
+            encode_relayed(
+                f"gpu{i // PER_NODE:05d}",
+                [decode_header(e) for e in entries[i : i + PER_NODE]],
+                f"{i // PER_NODE:016x}.{step}",
+            )
+            for i in nodes
+        ]
+        records = [len(range(i, min(i + PER_NODE, ranks))) for i in nodes]
+    maxlen = keys.steps_maxlen(ranks, 1.0)
+    for i in range(0, len(entries), 4096):
+        store.publish(JOB, entries[i : i + 4096], steps_maxlen=maxlen)
+    return sum(records)
+
+
+def run_alone(
+    service: Service, admin: redis.Redis, url: str, args: argparse.Namespace
+) -> tuple[Observed, int]:
+    """The service alone: before each cycle, publish ``interval`` steps of every rank at once
+    (not timed), then time the cycle; the slow GPU from step ``slow_from`` on."""
+    store = TelemetryStore(connect(url, timeout_s=10))
+    rng = random.Random(7)  # noqa: S311 - noise, not cryptography
+    seen, published, step, start = Observed(), 0, 0, time.time()
+    while step < args.seconds:
+        for _ in range(int(args.interval)):
+            slow = step >= args.slow_from
+            published += publish_step(store, args.ranks, step, slow, rng, args.relayed)
+            step += 1
+        observed = run_service(service, admin, start, time.time() + 0.001, 0.0)
+        seen.cycles += observed.cycles
+        seen.records += observed.records
+        seen.events += observed.events
+        seen.memory += observed.memory
+        seen.lengths += observed.lengths
+        seen.lag_ms += observed.lag_ms
+    return seen, published
 
 
 @dataclass
@@ -166,6 +202,12 @@ def report(
         [
             ["ranks x rate x duration", f"{args.ranks:,} x 1 step/s x {args.seconds:.0f} s"],
             ["entries", "one per node and second (relayed)" if args.relayed else "one per rank"],
+            [
+                "publisher",
+                "none while a cycle runs (each cycle's steps written first)"
+                if args.service_alone
+                else "a concurrent process at 1 step/s",
+            ],
             ["service interval", f"{args.interval:g} s"],
             ["records published / ingested", f"{published:,} / {seen.records:,}"],
             ["steps entries lost (trimmed before read)", f"{lost:,}"],
@@ -181,7 +223,7 @@ def report(
             ],
             ["detections", found],
             [
-                f"slow GPU (rank {SLOW_RANK}, {slow_node}) +10 % from t={SLOW_FROM_S:.0f} s",
+                f"slow GPU (rank {SLOW_RANK}, {slow_node}) +10 % from t={args.slow_from:.0f} s",
                 "found" if any(n == slow_node for _, n, _ in seen.events) else "NOT found",
             ],
             ["Slurm calls (observe policy)", ", ".join(sorted(set(calls))) or "none"],
@@ -198,6 +240,15 @@ def main() -> None:
         "--relayed",
         action="store_true",
         help="publish as node relays do: one entry per node and second (8 ranks each)",
+    )
+    parser.add_argument(
+        "--slow-from", type=float, default=SLOW_FROM_S, help="seconds (steps) before the slow GPU"
+    )
+    parser.add_argument(
+        "--service-alone",
+        action="store_true",
+        help="no concurrent publisher: each cycle's steps are written first, then the cycle "
+        "is timed (--seconds counts steps; for loads the publisher cannot make here)",
     )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="straggler-load-"))
@@ -216,14 +267,20 @@ def main() -> None:
     start = time.time() + 1.0
     published = mp.Value("q", 0)
     producer = mp.Process(
-        target=produce, args=(url, args.ranks, args.seconds, start, published, args.relayed)
+        target=produce,
+        args=(url, args.ranks, args.seconds, start, published, args.relayed, args.slow_from),
     )
-    producer.start()
+    if not args.service_alone:
+        producer.start()
     try:
-        seen = run_service(service, admin, start, start + args.seconds + 2, args.interval)
+        if args.service_alone:
+            seen, published.value = run_alone(service, admin, url, args)
+        else:
+            seen = run_service(service, admin, start, start + args.seconds + 2, args.interval)
         lost = int(service.state.job(JOB).get("steps_lost", "0") or 0)
     finally:
-        producer.join(timeout=30)
+        if producer.is_alive():
+            producer.join(timeout=30)
         server.terminate()
         server.wait(timeout=30)
         shutil.rmtree(workdir, ignore_errors=True)
