@@ -9,6 +9,7 @@ checked as arrays. An entry is accepted or refused whole, on the rules of
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -89,24 +90,34 @@ def _why(fields: Mapping[str, str]) -> str:
 
 def _parse(texts: list[str], width: int) -> np.ndarray | None:
     """``texts`` as rows of ``width`` numbers ("-": NaN); None when a token is not a number."""
-    tokens = np.array(" ".join(texts).split(), dtype=object)
-    tokens[tokens == "-"] = "nan"  # only "-" can become NaN: the texts hold no letters
-    try:
-        return tokens.astype(np.float64).reshape(-1, width)
-    except ValueError:
-        return None
+    # "-" stands alone (a line starts with digits; an exponent's "-" follows an "e"): as
+    # "nan" numpy's C parser reads it. A negative number turns into a token it refuses.
+    text = " ".join(texts).replace(" -", " nan")
+    if not text:
+        return np.empty((0, width))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy warns where it stops at a token it cannot read
+        try:
+            values = np.fromstring(text, dtype=np.float64, sep=" ")
+        except (ValueError, DeprecationWarning):
+            return None
+    if len(values) % width or len(values) != text.count(" ") + text.count("\n") + 1:
+        return None  # a token it read only in part
+    return values.reshape(-1, width)
 
 
 def _parse_each(texts: list[str], counts: list[int], width: int) -> np.ndarray:
-    """Like :func:`_parse`, text by text; a text with a bad token gives rows of -1."""
-    rows = [_parse([t], width) for t in texts]
-    return np.concatenate(
-        [
-            r if r is not None else np.full((c, width), -1.0)
-            for r, c in zip(rows, counts, strict=True)
-        ]
-        or [np.empty((0, width))]
-    )
+    """Like :func:`_parse`, text by text and with Python's float() (it reads "-0", which the
+    record decoder accepts); a text with a token it refuses gives rows of -1 (out of range)."""
+    rows = []
+    for text, count in zip(texts, counts, strict=True):
+        tokens = np.array(text.split(), dtype=object)
+        tokens[tokens == "-"] = "nan"  # only "-" can become NaN: the texts hold no letters
+        try:
+            rows.append(tokens.astype(np.float64).reshape(count, width))
+        except ValueError:
+            rows.append(np.full((count, width), -1.0))
+    return np.concatenate(rows) if rows else np.empty((0, width))
 
 
 def _steps_ok(values: np.ndarray) -> np.ndarray:

@@ -288,7 +288,10 @@ class Relay:
                 if not self._repeat(head, fid)
             ]
             steps = [head for head, _ in fresh]
-            maxlens = [f.steps_maxlen for f in group if f.steps_maxlen]
+            # The reporters' cap is in rank flushes (world size x seconds); our entries each
+            # hold this node's ranks, so the same seconds of data take that many times fewer.
+            ranks_here = max(1, len({head.rank for head in steps}))
+            maxlens = [max(1000, f.steps_maxlen // ranks_here) for f in group if f.steps_maxlen]
             self._seq += 1
             try:
                 self.store.publish(

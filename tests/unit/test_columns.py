@@ -36,7 +36,24 @@ _GOOD = st.builds(
 # Tokens an attacker (or a bug) could put in a steps text: numbers in every spelling Python
 # reads, and things it does not.
 _TOKEN = st.sampled_from(
-    ["0", "1", "-", "-1", "1.5", "1e3", "1e999", "nan", "inf", "1_0", "+2", "1.2.3", ".", "e", ""]
+    [
+        "0",
+        "1",
+        "-",
+        "-1",
+        "-0",
+        "1.5",
+        "1e3",
+        "1e999",
+        "nan",
+        "inf",
+        "1_0",
+        "+2",
+        "1.2.3",
+        ".",
+        "e",
+        "",
+    ]
 )
 _TEXT = st.lists(
     st.lists(_TOKEN, min_size=5, max_size=7).map(" ".join), min_size=1, max_size=3
