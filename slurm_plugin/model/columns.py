@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from slurm_plugin.model.records import FlushHeader, decode_header, decode_steps
 from slurm_plugin.model.relayed import RelayedHeader, decode_relayed_header, is_relayed
 
 _MAX_STEP = 2.0**53
+H = TypeVar("H", FlushHeader, RelayedHeader)
 
 
 @dataclass
@@ -141,16 +143,25 @@ def _rows(
     return ~bad, owner
 
 
+def _values(
+    items: list[tuple[int, H]], width: int
+) -> tuple[list[int], list[H], list[int], np.ndarray]:
+    """Entry positions, headers, row counts, and the rows of every entry in one parse (entry
+    by entry when one holds a bad token)."""
+    entry = [i for i, _ in items]
+    heads = [h for _, h in items]
+    counts = [h.count for h in heads]
+    texts = [h.text for h in heads]
+    values = _parse([t for t, c in zip(texts, counts, strict=True) if c], width)
+    if values is None:
+        values = _parse_each(texts, counts, width)
+    return entry, heads, counts, values
+
+
 def _flush_columns(
     flushes: list[tuple[int, FlushHeader]], errors: list[str]
 ) -> dict[str, np.ndarray]:
-    entry = [i for i, _ in flushes]
-    heads = [h for _, h in flushes]
-    counts = [h.count for h in heads]
-    texts = [h.text for h in heads if h.count]
-    values = _parse(texts, 6)
-    if values is None:
-        values = _parse_each([h.text for h in heads], counts, 6)
+    entry, heads, counts, values = _values(flushes, 6)
     good, owner = _rows(entry, counts, values, _steps_ok(values))
     errors += [
         f"rank {h.rank}: a step's value is out of range"
@@ -174,13 +185,7 @@ def _flush_columns(
 def _relayed_columns(
     relayed: list[tuple[int, RelayedHeader]], errors: list[str]
 ) -> dict[str, np.ndarray]:
-    entry = [i for i, _ in relayed]
-    heads = [h for _, h in relayed]
-    counts = [h.count for h in heads]
-    texts = [h.text for h in heads if h.count]
-    values = _parse(texts, 10)
-    if values is None:
-        values = _parse_each([h.text for h in heads], counts, 10)
+    entry, heads, counts, values = _values(relayed, 10)
     owner = np.repeat(np.arange(len(heads)), counts)
     labels = np.array([len(h.groups) for h in heads], dtype=np.int64)
     ok_rows = (
