@@ -41,6 +41,9 @@ log = structlog.get_logger(__name__)
 DEFAULT_SOCKET = Path("/run/slurm-straggler/relay.sock")
 #: The largest flush message a relay reads (a reporter's flush is at most a few hundred kB).
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+#: Connections served at once (one thread each); more are closed, and those ranks publish to
+#: Redis themselves. A node runs a few ranks per GPU at most.
+MAX_CONNECTIONS = 512
 #: How long a flush waits for the tick that stores it; a reporter waits longer for the answer.
 ANSWER_WAIT_S = 10.0
 CLIENT_TIMEOUT_S = 15.0
@@ -213,6 +216,11 @@ class Relay:
                 continue
             except OSError:
                 return
+            if len(self._conns) >= MAX_CONNECTIONS:  # a thread each: bounded; it falls back
+                self.refused += 1
+                log.warning("relay.too_many_connections", node=self.node, limit=MAX_CONNECTIONS)
+                conn.close()
+                continue
             threading.Thread(
                 target=self._serve, args=(conn,), name="straggler-relay-conn", daemon=True
             ).start()
@@ -220,23 +228,31 @@ class Relay:
     def _serve(self, conn: socket.socket) -> None:
         with self._lock:
             self._conns.add(conn)
-        with conn, conn.makefile("rb") as reader:
+        try:
+            with conn, conn.makefile("rb") as reader:
+                self._converse(conn, reader)
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+
+    def _converse(self, conn: socket.socket, reader: Any) -> None:
+        """Answer one reporter's flushes until it hangs up (or we stop)."""
+        try:
+            job = self._job_of(peer_pid(conn))
+        except OSError:
+            job = None
+        while not self._stop.is_set():
             try:
-                job = self._job_of(peer_pid(conn))
+                line = reader.readline(MAX_MESSAGE_BYTES + 1)
             except OSError:
-                job = None
-            while not self._stop.is_set():
-                try:
-                    line = reader.readline(MAX_MESSAGE_BYTES + 1)
-                except OSError:
-                    return
-                if not line or self._stop.is_set():
-                    return
-                reply = self._handle(line, job)
-                try:
-                    conn.sendall(json.dumps(reply).encode() + b"\n")
-                except OSError:
-                    return
+                return
+            if not line or self._stop.is_set():
+                return
+            reply = self._handle(line, job)
+            try:
+                conn.sendall(json.dumps(reply).encode() + b"\n")
+            except OSError:
+                return
 
     def _handle(self, line: bytes, peer_job: str | None) -> dict[str, Any]:
         if len(line) > MAX_MESSAGE_BYTES:

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 import redis
 
+from slurm_plugin.errors import RedisUnavailableError
 from slurm_plugin.model import keys
 from slurm_plugin.model.records import StepRecord, encode_steps
-from slurm_plugin.telemetry.relay import Relay, parse_message
+from slurm_plugin.telemetry import relay as relay_module
+from slurm_plugin.telemetry.relay import Relay, RelayClient, parse_message
 from slurm_plugin.telemetry.store import Seen, TelemetryStore, connect
 from tests.integration.conftest import RedisServer
 
@@ -185,3 +187,42 @@ def test_a_flush_sent_again_after_a_missed_answer_is_stored_once(
     records, repeats, _ = _read_all(TelemetryStore(connect(private_redis.url)))
     assert [(r.rank, r.step, r.node) for r in records] == [(3, 7, "node0")]
     assert (relay.repeats, repeats) == (1, 0)
+
+
+def test_connections_are_bounded_and_forgotten_when_they_close(
+    private_redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(relay_module, "MAX_CONNECTIONS", 3)
+    relay = Relay(
+        TelemetryStore(connect(private_redis.url)),
+        "node0",
+        tmp_path / "r.sock",
+        tick_s=0.1,
+        job_of=lambda _pid: JOB,
+    )
+    relay.start()
+    steps = [(1, 1.0, 1.0, 0.5, None, None)]
+
+    def publish(client: RelayClient, rank: int) -> None:
+        client.publish(JOB, [encode_steps(rank, "x", 0, 0, steps)])
+
+    try:
+        held = [RelayClient.connect(relay.socket_path) for _ in range(3)]
+        for rank, client in enumerate(held):
+            publish(client, rank)
+        extra = RelayClient.connect(relay.socket_path)  # the kernel accepts; the relay closes
+        with pytest.raises(RedisUnavailableError, match=r"closed the connection|reset by peer"):
+            publish(extra, 3)
+        for client in held:
+            client.close()
+        deadline = time.monotonic() + 10
+        while relay._conns and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for rank in range(4, 10):  # more reporters than the bound, one after another
+            client = RelayClient.connect(relay.socket_path)
+            publish(client, rank)
+            client.close()
+    finally:
+        relay.close()
+    records, _, _ = _read_all(TelemetryStore(connect(private_redis.url)))
+    assert sorted(r.rank for r in records) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
