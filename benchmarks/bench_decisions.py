@@ -71,8 +71,7 @@ def run(seeds: int) -> list[list[object]]:
                 batch = generate(spec)
                 path = Path(tmp) / "trace.csv"
                 write_csv([("b", batch)], str(path))
-                with path.open() as handle:
-                    result = run_backtest(read_trace(handle), policy)
+                result = run_backtest(read_trace(path), policy)
                 stragglers = [d for d in result.detections if d["kind"] == "straggler"]
                 reports += len(stragglers)
                 first = next((d for d in stragglers if d["action"] == "evict"), None)

@@ -374,16 +374,17 @@ def speed(tmp: Path) -> list[list[object]]:
     path = tmp / "speed.csv"
     rows = write_csv(jobs, str(path))
     policy = Policy(name="speed")
-    started = time.perf_counter()
-    with path.open() as handle:
-        run_backtest(read_trace(handle), policy)
-    elapsed = time.perf_counter() - started
+    runs = []
+    for _ in range(3):
+        started = time.perf_counter()
+        run_backtest(read_trace(path), policy)
+        runs.append(time.perf_counter() - started)
     return [
         ["one cycle, 16,384 ranks x 1 new step (median)", f"{cycle_ms:.1f} ms", "<= 20 ms"],
         [
-            f"backtest end to end (CSV parse included), {rows:,} records",
-            f"{rows / elapsed:,.0f} records/s",
-            ">= 500,000",
+            f"backtest end to end (CSV parse included), {rows:,} records (median of 3 runs)",
+            f"{rows / statistics.median(runs):,.0f} records/s",
+            ">= 1,500,000",
         ],
     ]
 
@@ -416,7 +417,7 @@ def main() -> None:
         named = scenarios()
         more, _ = history_and_trace_scenarios(Path(tmp))
         print(table(["scenario", "expected", "detected", "verdict"], named + more))
-        print("\n### Speed (one core)\n")
+        print("\n### Speed (the detector on one core; the CSV parse on all)\n")
         print(table(["measurement", "figure", "target"], speed(Path(tmp))))
 
 

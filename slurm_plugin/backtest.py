@@ -63,7 +63,8 @@ class _Replay:
     def _job(self, name: str) -> JobInfo:
         if name not in self.jobs:
             mine = self.job_codes == self.names.index(name)
-            nodes = tuple(sorted(set(self.trace.node[mine].tolist())))
+            codes = np.flatnonzero(np.bincount(self.trace.node_code[mine])).tolist()
+            nodes = tuple(sorted(self.trace.node_names[c] for c in codes))
             self.jobs[name] = JobInfo(
                 job_id=name,
                 name="",
@@ -85,7 +86,7 @@ class _Replay:
     def _cluster(self) -> tuple[NodeInfo, ...]:
         if not self.cluster:
             spares = [f"spare-{i}" for i in range(self.safety.min_spare_nodes + 1)]
-            names = sorted({*map(str, set(self.trace.node.tolist())), *spares})
+            names = sorted({*self.trace.node_names, *spares})
             self.cluster = tuple(NodeInfo(n, "idle", (), "", ("trace",)) for n in names)
         return self.cluster
 
@@ -163,25 +164,30 @@ def run_backtest(
     hist_params = (persistence or PersistencePolicy()).params()
     histories: dict[str, NodeHistory] = {}
     result = BacktestResult(records=len(trace))
-    unique_jobs, job_codes = np.unique(trace.job_id.astype(str), return_inverse=True)
-    names = [str(j) for j in unique_jobs]
+    job_codes, names = trace.job_code, trace.job_names
     attempts = infer_attempts(job_codes, trace.rank, trace.step)
+    restarted = bool(attempts.any())
     last_ts = np.full(len(names), -np.inf)
     np.maximum.at(last_ts, job_codes, trace.ts)
     events: list[Event] = []
     bounds = _chunk_bounds(job_codes, trace.ts, policy.detection.hang_timeout_s)
-    labelled = bool((trace.group != "").any())
+    labelled = trace.labelled
+    node_names = np.asarray(trace.node_names, dtype=object)
+    group_names = np.asarray(trace.group_names, dtype=object)
     for begin, end in itertools.pairwise(bounds):
         now = float(trace.ts[begin])
         running = [names[j] for j in np.flatnonzero(last_ts > now).tolist()]
         events += detector.check_hangs(now, only=running)
         chunk_jobs = job_codes[begin:end]
-        for code in np.unique(chunk_jobs).tolist():
+        for code in np.flatnonzero(np.bincount(chunk_jobs)).tolist():
             in_job = begin + np.flatnonzero(chunk_jobs == code)
             # A restart inside the chunk: each attempt is replayed, and closed, in turn.
-            for attempt in np.unique(attempts[in_job]).tolist():
-                idx = in_job[attempts[in_job] == attempt]
-                detector.add(names[code], _batch(trace, idx, attempts, labelled))
+            for attempt in np.flatnonzero(np.bincount(attempts[in_job])).tolist():
+                idx = in_job[attempts[in_job] == attempt] if restarted else in_job
+                detector.add(
+                    names[code],
+                    _batch(trace, idx, attempts, node_names, group_names if labelled else None),
+                )
                 if attempt != attempts[in_job].max():
                     events += detector.advance_job(names[code], final=True)
         events += detector.advance(final=end == len(trace))
@@ -208,7 +214,13 @@ def run_backtest(
     return result
 
 
-def _batch(trace: Trace, idx: np.ndarray, attempts: np.ndarray, labelled: bool) -> RecordBatch:
+def _batch(
+    trace: Trace,
+    idx: np.ndarray,
+    attempts: np.ndarray,
+    node_names: np.ndarray,
+    group_names: np.ndarray | None,
+) -> RecordBatch:
     return RecordBatch(
         rank=trace.rank[idx],
         step=trace.step[idx],
@@ -219,8 +231,8 @@ def _batch(trace: Trace, idx: np.ndarray, attempts: np.ndarray, labelled: bool) 
         compute_s=trace.compute_s[idx],
         comm_s=trace.comm_s[idx],
         data_s=trace.data_s[idx],
-        node=trace.node[idx],
-        group=trace.group[idx] if labelled else None,
+        node=node_names[trace.node_code[idx]],
+        group=None if group_names is None else group_names[trace.group_code[idx]],
     )
 
 
@@ -241,7 +253,7 @@ def _chunk_bounds(job_codes: np.ndarray, ts: np.ndarray, hang_timeout_s: float) 
     """Chunk starts: every CHUNK records, and wherever a job resumes after a silence longer
     than the hang timeout (so the hang check runs inside the silence)."""
     starts = set(range(0, len(ts), CHUNK))
-    order = np.lexsort((np.arange(len(ts)), job_codes))
+    order = _stable_order(job_codes)
     gap = np.r_[
         False,
         (job_codes[order][1:] == job_codes[order][:-1]) & (np.diff(ts[order]) >= hang_timeout_s),
@@ -254,15 +266,27 @@ def infer_attempts(job_codes: np.ndarray, rank: np.ndarray, step: np.ndarray) ->
     """Attempts are not in the trace format: when a rank's step number goes back (the job was
     restarted and resumed from a checkpoint), that rank's records start a new attempt.
     ``job_codes``, ``rank`` and ``step`` must be in ts order."""
-    order = np.lexsort((np.arange(len(step)), rank, job_codes))
-    j, r, s = job_codes[order], rank[order], step[order]
-    same = np.r_[False, (j[1:] == j[:-1]) & (r[1:] == r[:-1])]
+    n = len(step)
+    attempts = np.zeros(n, dtype=np.int64)
+    if not n:
+        return attempts
+    key = job_codes.astype(np.int64) * (int(rank.max()) + 1) + rank
+    order = _stable_order(key)  # by (job, rank), each rank's records still in ts order
+    k, s = key[order], step[order]
+    same = np.r_[False, k[1:] == k[:-1]]
     back = same & np.r_[False, s[1:] < s[:-1]]
+    if not back.any():
+        return attempts
     counts = np.cumsum(back)
     group_start = np.flatnonzero(~same)
-    base = np.repeat(
-        counts[group_start] - back[group_start], np.diff(np.r_[group_start, len(order)])
-    )
-    attempts = np.empty(len(step), dtype=np.int64)
+    base = np.repeat(counts[group_start] - back[group_start], np.diff(np.r_[group_start, n]))
     attempts[order] = counts - base
     return attempts
+
+
+def _stable_order(key: np.ndarray) -> np.ndarray:
+    """The stable sort of non-negative integer keys; keys that fit in 16 bits take numpy's
+    radix sort (several times faster on a million records than a comparison sort)."""
+    if len(key) and int(key.max()) < 1 << 16:
+        return np.argsort(key.astype(np.uint16), kind="stable")
+    return np.argsort(key, kind="stable")

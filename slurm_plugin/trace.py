@@ -1,7 +1,11 @@
 """The trace format (CSV) shared by ``straggler export`` and ``straggler backtest``.
 
-Header ``job_id,rank,node,gpu,step,ts,step_s,compute_s,comm_s,data_s``; ``ts`` is unix seconds
-at step end; empty phase cells mean "not measured".
+Header ``job_id,rank,node,gpu,step,ts,step_s,compute_s,comm_s,data_s[,group]``; ``ts`` is unix
+seconds at step end; empty phase cells mean "not measured".
+
+Reading takes one pass: pyarrow's CSV reader (the ``backtest`` extra) when it is installed,
+with names as dictionary codes; anything it refuses, and every read without pyarrow, takes the
+careful path (Python's csv module), which also names the row and column of a problem.
 """
 
 from __future__ import annotations
@@ -9,8 +13,9 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TextIO
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -63,14 +68,23 @@ def write_trace(records: Iterable[StepRecord], out: TextIO) -> int:
 
 REQUIRED_COLUMNS = ("job_id", "rank", "node", "step", "ts", "step_s")
 OPTIONAL_COLUMNS = ("gpu", "compute_s", "comm_s", "data_s", "group")
+_NAMES = ("job_id", "node", "group")
+_INTEGER = ("rank", "gpu", "step")
+_FLOAT = ("ts", "step_s", "compute_s", "comm_s", "data_s")
 
 
 @dataclass
 class Trace:
-    """A trace as columns, in ts order."""
+    """A trace as columns, in ts order. Names (job, node, group) are codes into sorted lists
+    of the distinct names."""
 
-    job_id: np.ndarray
-    node: np.ndarray
+    job_code: np.ndarray
+    job_names: list[str]
+    node_code: np.ndarray
+    node_names: list[str]
+    #: The rank's peer group per record ("" = none; the column is optional).
+    group_code: np.ndarray
+    group_names: list[str]
     rank: np.ndarray
     gpu: np.ndarray
     step: np.ndarray
@@ -79,11 +93,180 @@ class Trace:
     compute_s: np.ndarray
     comm_s: np.ndarray
     data_s: np.ndarray
-    #: The rank's peer group per record ("" = none; the column is optional).
-    group: np.ndarray
 
     def __len__(self) -> int:
         return len(self.ts)
+
+    @property
+    def job_id(self) -> np.ndarray:
+        """Each record's job id."""
+        return _decode(self.job_names, self.job_code)
+
+    @property
+    def node(self) -> np.ndarray:
+        """Each record's node."""
+        return _decode(self.node_names, self.node_code)
+
+    @property
+    def group(self) -> np.ndarray:
+        """Each record's peer group ("" = none)."""
+        return _decode(self.group_names, self.group_code)
+
+    @property
+    def labelled(self) -> bool:
+        """Some record names a peer group."""
+        used = np.flatnonzero(np.bincount(self.group_code, minlength=len(self.group_names)))
+        return any(self.group_names[c] for c in used.tolist())
+
+    def take(self, index: np.ndarray) -> Trace:
+        """The records at ``index`` (positions or a mask), names kept."""
+        values: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            values[f.name] = value if isinstance(value, list) else value[index]
+        return Trace(**values)
+
+
+def _decode(names: list[str], codes: np.ndarray) -> np.ndarray:
+    table: np.ndarray = np.asarray(names, dtype=object)
+    out: np.ndarray = table[codes]
+    return out
+
+
+def read_trace(source: TextIO | Path, *, name: str | None = None) -> Trace:
+    """Parse trace CSV (an open text file or a path); :class:`TraceError` names the row and
+    column of any problem."""
+    name = name or (str(source) if isinstance(source, Path) else "trace")
+    try:
+        text: str | None = None
+        if isinstance(source, Path):
+            with source.open(newline="") as handle:
+                first_line = handle.readline()
+        else:
+            text = source.read()
+            first_line = text.partition("\n")[0]
+        header = _header(first_line, name)
+        trace = _fast(source if isinstance(source, Path) else (text or "").encode(), header)
+        if trace is None:
+            if text is None:
+                text = source.read_text() if isinstance(source, Path) else ""
+            trace = _careful(text, header, name)
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{name}: not a text CSV file ({exc.reason})") from None
+    if not len(trace):
+        raise TraceError(f"{name}: no records after the header")
+    if (trace.rank < 0).any() or (trace.step < 0).any():
+        raise TraceError(f"{name}: rank and step must be >= 0")
+    if len(trace) > 1 and not (trace.ts[1:] >= trace.ts[:-1]).all():
+        trace = trace.take(np.argsort(trace.ts, kind="stable"))
+    return trace
+
+
+def _header(first_line: str, name: str) -> list[str]:
+    try:
+        header = [h.strip() for h in next(csv.reader([first_line.rstrip("\r\n")]), [])]
+    except csv.Error as exc:
+        raise TraceError(f"{name}: header is not CSV: {exc}") from None
+    if not header or header == [""]:
+        raise TraceError(f"{name}: empty file (no header)")
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise TraceError(
+            f"{name}: missing column(s) {', '.join(missing)}; "
+            f"the header must include {', '.join(REQUIRED_COLUMNS)}"
+        )
+    return header
+
+
+def _categories(values: np.ndarray, names: list[str]) -> tuple[np.ndarray, list[str]]:
+    """Codes into ``names`` remapped to codes into the sorted distinct names."""
+    if names == sorted(names):
+        return values.astype(np.int64), names
+    ordered, inverse = np.unique(np.asarray(names, dtype=object), return_inverse=True)
+    return inverse.astype(np.int64)[values], [str(n) for n in ordered]
+
+
+def _fast(source: Path | bytes, header: list[str]) -> Trace | None:
+    """pyarrow's reader (multi-threaded, one pass); None where it is not installed or refuses
+    the input (the careful path then finds the problem)."""
+    try:
+        import pyarrow as pa  # noqa: PLC0415 - the optional backtest extra
+        import pyarrow.csv as pacsv  # noqa: PLC0415
+    except ImportError:
+        return None
+    wanted = [c for c in TRACE_COLUMNS if c in header]
+    names = pa.dictionary(pa.int32(), pa.string())
+    types = {
+        c: names if c in _NAMES else pa.int64() if c in _INTEGER else pa.float64() for c in wanted
+    }
+    try:
+        table = pacsv.read_csv(
+            str(source) if isinstance(source, Path) else pa.BufferReader(source),
+            read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),
+            parse_options=pacsv.ParseOptions(newlines_in_values=False),
+            convert_options=pacsv.ConvertOptions(
+                column_types=types,
+                include_columns=wanted,
+                null_values=[""],  # what the careful path reads as "not measured"; no "NA"
+                strings_can_be_null=False,
+                quoted_strings_can_be_null=False,
+            ),
+        )
+    except pa.ArrowException:
+        return None
+    n = table.num_rows
+    if not n:
+        return None
+    table = table.unify_dictionaries()
+    columns: dict[str, Any] = {}
+    for c in wanted:
+        column = table.column(c)
+        if c in _NAMES:
+            chunks = column.chunks
+            dictionary = chunks[0].dictionary.to_pylist() if chunks else []
+            codes = np.concatenate([ch.indices.to_numpy(zero_copy_only=False) for ch in chunks])
+            columns[c] = _categories(codes, dictionary)
+            continue
+        if c in REQUIRED_COLUMNS and column.null_count:
+            return None
+        if c in _INTEGER:
+            filled = column.fill_null(0) if column.null_count else column
+            columns[c] = filled.to_numpy().astype(np.int64, copy=False)
+        else:
+            values = column.to_numpy().astype(np.float64, copy=False)
+            if c in REQUIRED_COLUMNS and not np.isfinite(values).all():
+                return None
+            columns[c] = values
+    return _build(columns, n)
+
+
+def _build(columns: dict[str, Any], n: int) -> Trace:
+    def number(key: str, integer: bool) -> np.ndarray:
+        if key in columns:
+            value: np.ndarray = columns[key]
+            return value
+        return np.zeros(n, dtype=np.int64) if integer else np.full(n, np.nan)
+
+    no_group = (np.zeros(n, dtype=np.int64), [""])
+    job_code, job_names = columns["job_id"]
+    node_code, node_names = columns["node"]
+    group_code, group_names = columns.get("group", no_group)
+    return Trace(
+        job_code=job_code,
+        job_names=job_names,
+        node_code=node_code,
+        node_names=node_names,
+        group_code=group_code,
+        group_names=group_names,
+        rank=number("rank", True),
+        gpu=number("gpu", True),
+        step=number("step", True),
+        ts=number("ts", False),
+        step_s=number("step_s", False),
+        compute_s=number("compute_s", False),
+        comm_s=number("comm_s", False),
+        data_s=number("data_s", False),
+    )
 
 
 def _numbers(values: list[str], name: str, *, integer: bool, optional: bool) -> np.ndarray:
@@ -111,100 +294,10 @@ def _numbers(values: list[str], name: str, *, integer: bool, optional: bool) -> 
     return out
 
 
-def read_trace(source: TextIO, *, name: str = "trace") -> Trace:
-    """Parse trace CSV; :class:`TraceError` names the row and column of any problem.
-
-    Complete numeric tables take numpy's C parser; anything else (empty phase cells, quoted
-    fields, bad values) takes the careful path, which also finds the offending row.
-    """
-    text = source.read()
-    first_line, _, _ = text.partition("\n")
-    try:
-        header = [h.strip() for h in next(csv.reader([first_line]), [])]
-    except csv.Error as exc:
-        raise TraceError(f"{name}: header is not CSV: {exc}") from None
-    if not header or header == [""]:
-        raise TraceError(f"{name}: empty file (no header)")
-    missing = [c for c in REQUIRED_COLUMNS if c not in header]
-    if missing:
-        raise TraceError(
-            f"{name}: missing column(s) {', '.join(missing)}; "
-            f"the header must include {', '.join(REQUIRED_COLUMNS)}"
-        )
-    if not text[len(first_line) + 1 :].strip():
-        raise TraceError(f"{name}: no records after the header")
-    try:
-        trace = _fast(text, header) if '"' not in text else None
-    except ValueError:
-        trace = None
-    if trace is None:
-        trace = _careful(text, header, name)
-    if not len(trace):
-        raise TraceError(f"{name}: no records after the header")
-    if (trace.rank < 0).any() or (trace.step < 0).any():
-        raise TraceError(f"{name}: rank and step must be >= 0")
-    if len(trace) > 1 and not (np.diff(trace.ts) >= 0).all():
-        order = np.argsort(trace.ts, kind="stable")
-        trace = Trace(*(getattr(trace, f)[order] for f in Trace.__dataclass_fields__))
-    return trace
-
-
-_NUMERIC = ("rank", "gpu", "step", "ts", "step_s", "compute_s", "comm_s", "data_s")
-_INTEGER = ("rank", "gpu", "step")
-
-
-def _fast(text: str, header: list[str]) -> Trace | None:
-    present = [c for c in _NUMERIC if c in header]
-    numbers = np.loadtxt(
-        io.StringIO(text),
-        delimiter=",",
-        skiprows=1,
-        ndmin=2,
-        usecols=[header.index(c) for c in present],
-        dtype=np.float64,
-    )
-    if not len(numbers) or not np.isfinite(numbers).all():
-        return None
-    values = dict(zip(present, numbers.T, strict=True))
-    for key in _INTEGER:
-        if key in values and not (values[key] == np.round(values[key])).all():
-            return None
-    text_columns = ["job_id", "node", *(["group"] if "group" in header else [])]
-    strings = np.loadtxt(
-        io.StringIO(text),
-        delimiter=",",
-        skiprows=1,
-        ndmin=2,
-        dtype=str,
-        usecols=[header.index(c) for c in text_columns],
-    )
-    n = len(numbers)
-
-    def get(key: str, integer: bool) -> np.ndarray:
-        if key not in values:
-            return np.zeros(n, dtype=np.int64) if integer else np.full(n, np.nan)
-        column: np.ndarray = values[key]
-        return column.astype(np.int64) if integer else column
-
-    return Trace(
-        job_id=strings[:, 0],
-        node=strings[:, 1].astype(object),
-        rank=get("rank", True),
-        gpu=get("gpu", True),
-        step=get("step", True),
-        ts=get("ts", False),
-        step_s=get("step_s", False),
-        compute_s=get("compute_s", False),
-        comm_s=get("comm_s", False),
-        data_s=get("data_s", False),
-        group=strings[:, 2].astype(object) if "group" in header else np.full(n, "", dtype=object),
-    )
-
-
 def _careful(text: str, header: list[str], name: str) -> Trace:
     reader = csv.reader(io.StringIO(text))
     try:
-        next(reader)
+        next(reader, None)
         rows = [row for row in reader if row]
     except csv.Error as exc:
         raise TraceError(f"{name}: row {reader.line_num}: not CSV: {exc}") from None
@@ -214,27 +307,20 @@ def _careful(text: str, header: list[str], name: str) -> Trace:
     for i, row in enumerate(rows, start=2):
         if len(row) != width:
             raise TraceError(f"{name}: row {i} has {len(row)} fields, the header {width}")
-    columns = dict(zip(header, (list(c) for c in zip(*rows, strict=True)), strict=True))
-    n = len(rows)
-
-    def column(key: str, *, integer: bool = False, optional: bool = False) -> np.ndarray:
-        if key not in columns:
-            return np.zeros(n, dtype=np.int64) if integer else np.full(n, np.nan)
+    cells = dict(zip(header, (list(c) for c in zip(*rows, strict=True)), strict=True))
+    columns: dict[str, Any] = {}
+    for key in (c for c in TRACE_COLUMNS if c in cells):
+        if key in _NAMES:
+            seen: dict[str, int] = {}
+            codes = np.fromiter(
+                (seen.setdefault(v, len(seen)) for v in cells[key]), np.int64, len(rows)
+            )
+            columns[key] = _categories(codes, list(seen))
+            continue
         try:
-            return _numbers(columns[key], key, integer=integer, optional=optional)
+            columns[key] = _numbers(
+                cells[key], key, integer=key in _INTEGER, optional=key in OPTIONAL_COLUMNS
+            )
         except TraceError as exc:
             raise TraceError(f"{name}: {exc}") from None
-
-    return Trace(
-        job_id=np.array(columns["job_id"]),
-        node=np.array(columns["node"], dtype=object),
-        rank=column("rank", integer=True),
-        gpu=column("gpu", integer=True, optional=True),
-        step=column("step", integer=True),
-        ts=column("ts"),
-        step_s=column("step_s"),
-        compute_s=column("compute_s", optional=True),
-        comm_s=column("comm_s", optional=True),
-        data_s=column("data_s", optional=True),
-        group=np.array(columns.get("group", [""] * n), dtype=object),
-    )
+    return _build(columns, len(rows))

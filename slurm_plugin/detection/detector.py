@@ -118,15 +118,15 @@ class Detector:
             state.rank_node.clear()
             state.rank_gpu.clear()
             state.rank_group.clear()
-        current = batch.attempt == state.attempt
-        late = batch.step <= state.last_step
-        self.late_records += int((late | ~current).sum())
-        batch = batch.take(current & ~late)
+        keep = (batch.attempt == state.attempt) & (batch.step > state.last_step)
+        if not keep.all():
+            self.late_records += int((~keep).sum())
+            batch = batch.take(keep)
         if not len(batch):
             return []
         self._learn_ranks(state, batch)
         world = len(state.rank_node)
-        steps, counts = np.unique(batch.step, return_counts=True)
+        steps, counts = _step_counts(batch.step)
         complete = counts >= world
         if final:
             complete[:] = True
@@ -142,33 +142,44 @@ class Detector:
             state.pending = [batch]
             return []
         in_ready = batch.step <= ready_steps[-1]
-        rest = batch.take(~in_ready)
-        if len(rest):
-            state.pending = [rest]
-        ready = batch.take(in_ready)
+        if in_ready.all():
+            ready = batch
+        else:
+            state.pending = [batch.take(~in_ready)]
+            ready = batch.take(in_ready)
         state.last_step = int(ready_steps[-1])
         detector = self._detector(state)
         return detector.process(self._block(ready, ready_steps, detector.world))
 
     def _learn_ranks(self, state: _JobState, batch: RecordBatch) -> None:
-        ranks, first = np.unique(batch.rank, return_index=True)
-        for rank, index in zip(ranks.tolist(), first.tolist(), strict=True):
-            if rank not in state.rank_node:
-                state.rank_node[rank] = batch.node[index]
-                state.rank_gpu[rank] = int(batch.gpu[index])
+        """Bind new ranks to their node, GPU and group (from their first record) and note each
+        rank's latest step (the step of its newest record)."""
+        rank, ts, step = batch.rank, batch.ts, batch.step
+        size = int(rank.max()) + 1
+        present = np.zeros(size, dtype=bool)
+        present[rank] = True
+        ranks = np.flatnonzero(present).tolist()
+        new = [r for r in ranks if r not in state.rank_node]
+        if new:
+            first = np.full(size, len(rank))
+            np.minimum.at(first, rank, np.arange(len(rank)))
+            for r in new:
+                index = int(first[r])
+                state.rank_node[r] = batch.node[index]
+                state.rank_gpu[r] = int(batch.gpu[index])
                 if batch.group is not None and batch.group[index]:
-                    state.rank_group[rank] = str(batch.group[index])
-        order = np.lexsort((batch.ts, batch.rank))
-        last = np.r_[batch.rank[order][1:] != batch.rank[order][:-1], True]
-        for rank, step, ts in zip(
-            batch.rank[order][last].tolist(),
-            batch.step[order][last].tolist(),
-            batch.ts[order][last].tolist(),
-            strict=True,
+                    state.rank_group[r] = str(batch.group[index])
+        newest_ts = np.full(size, -np.inf)
+        np.maximum.at(newest_ts, rank, ts)
+        at_newest = ts == newest_ts[rank]
+        newest_step = np.full(size, -1)
+        np.maximum.at(newest_step, rank[at_newest], step[at_newest])
+        for r, s, t in zip(
+            ranks, newest_step[ranks].tolist(), newest_ts[ranks].tolist(), strict=True
         ):
-            prev = state.rank_last_step.get(rank)
-            if prev is None or step >= prev[0]:
-                state.rank_last_step[rank] = (step, ts)
+            prev = state.rank_last_step.get(r)
+            if prev is None or s >= prev[0]:
+                state.rank_last_step[r] = (s, t)
 
     def _detector(self, state: _JobState) -> JobDetector:
         world = max(state.rank_node) + 1
@@ -201,7 +212,7 @@ class Detector:
 
     @staticmethod
     def _block(batch: RecordBatch, steps: np.ndarray, world: int) -> Block:
-        rows = np.searchsorted(steps, batch.step)
+        rows = np.searchsorted(steps, batch.step)  # steps: sorted, and holds every batch.step
         shape = (len(steps), world)
 
         def dense(values: np.ndarray) -> np.ndarray:
@@ -251,3 +262,16 @@ class Detector:
                 )
             )
         return events
+
+
+def _step_counts(step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct steps (sorted) and how many records each has; a count over the span of
+    step numbers where that is small (the usual case), else a sort."""
+    low = int(step.min())
+    span = int(step.max()) - low + 1
+    if span > 4 * len(step) + 1024:
+        steps, counts = np.unique(step, return_counts=True)
+        return steps, counts
+    per_step = np.bincount(step - low, minlength=span)
+    offsets = np.flatnonzero(per_step)
+    return offsets + low, per_step[offsets]

@@ -12,10 +12,22 @@ MAD_TO_SIGMA = 1.4826
 
 
 def row_median(values: F64) -> F64:
-    """Median of each row ignoring NaN; NaN for rows without data (no warning)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmedian(values, axis=1)
+    """Median of each row ignoring NaN; NaN for rows without data (no warning).
+
+    One sort per row (NaN sorts last) and the middle of each row's finite part: several times
+    faster than ``np.nanmedian``, which goes through masked arrays for short rows."""
+    if values.ndim != 2 or not values.shape[1]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return np.nanmedian(values, axis=1)
+    ordered = np.sort(values, axis=1)
+    count = values.shape[1] - np.isnan(values).sum(axis=1)
+    rows = np.arange(len(values))
+    low = np.maximum((count - 1) // 2, 0)
+    with np.errstate(invalid="ignore"):  # -inf and +inf in the middle: NaN, as numpy's
+        out: F64 = (ordered[rows, low] + ordered[rows, np.maximum(count // 2, 0)]) / 2
+    out[count == 0] = np.nan
+    return out
 
 
 def ewma(values: F64, alpha: float, start: float) -> F64:
@@ -66,9 +78,11 @@ def cusum(increments: F64, start: F64, cap: F64 | None = None) -> F64:
     end of the shift, instead of carrying the whole past. Only the columns that reach their
     cap are run step by step.
     """
-    walk = start[None, :] + np.cumsum(increments, axis=0)
+    walk = np.cumsum(increments, axis=0)
+    walk += start[None, :]
     lowest = np.minimum.accumulate(walk, axis=0)
-    s = walk - np.minimum(lowest, 0.0)
+    np.minimum(lowest, 0.0, out=lowest)
+    s = np.subtract(walk, lowest, out=walk)
     if cap is None or not len(s):
         return s
     top = np.broadcast_to(cap, s.shape)

@@ -191,35 +191,59 @@ def decode_header(fields: Mapping[str, str]) -> FlushHeader:
     return FlushHeader(rank, node, gpu, attempt, group, count, text, regular)
 
 
-def decode_steps(job_id: str, fields: Mapping[str, str]) -> list[StepRecord]:
-    """Decode one steps-stream entry; raise :class:`TelemetryError` naming the bad field."""
-    head = decode_header(fields)
-    records = []
+def _values(head: FlushHeader) -> list[RawStep]:
+    """The steps of a checked header, every value checked; :class:`TelemetryError` naming the
+    first bad one."""
+    rows: list[RawStep] = []
     for line in head.text.split("\n") if head.count else []:
         parts = line.split(" ")
         ts = _float(parts[1], "ts", optional=False)
         step_s = _float(parts[2], "step_s", optional=False)
         if ts is None or step_s is None:  # cannot happen with optional=False; for the types
             raise TelemetryError("ts and step_s are required")
-        records.append(
-            StepRecord(
-                job_id=job_id,
-                rank=head.rank,
-                node=head.node,
-                gpu=head.gpu,
-                step=non_negative_int(parts[0], "step"),
-                ts=ts,
-                step_s=step_s,
-                compute_s=_float(parts[3], "compute_s", optional=True),
-                comm_s=_float(parts[4], "comm_s", optional=True),
-                data_s=_float(parts[5], "data_s", optional=True),
-                attempt=head.attempt,
-                group=head.group,
+        rows.append(
+            (
+                non_negative_int(parts[0], "step"),
+                ts,
+                step_s,
+                _float(parts[3], "compute_s", optional=True),
+                _float(parts[4], "comm_s", optional=True),
+                _float(parts[5], "data_s", optional=True),
             )
         )
     if not head.regular:  # every value parsed, but not as the encoder writes them ("1_0")
         raise TelemetryError(f"steps hold a token out of place: {head.text[:60]!r}")
-    return records
+    return rows
+
+
+def check_steps(fields: Mapping[str, str]) -> FlushHeader:
+    """Check one steps-stream entry whole (header and every value) without building records;
+    its header. :class:`TelemetryError` naming the bad field."""
+    head = decode_header(fields)
+    _values(head)
+    return head
+
+
+def decode_steps(job_id: str, fields: Mapping[str, str]) -> list[StepRecord]:
+    """Decode one steps-stream entry; raise :class:`TelemetryError` naming the bad field."""
+    head = decode_header(fields)
+    return [
+        StepRecord(
+            job_id=job_id,
+            rank=head.rank,
+            node=head.node,
+            gpu=head.gpu,
+            step=step,
+            ts=ts,
+            step_s=step_s,
+            compute_s=compute_s,
+            comm_s=comm_s,
+            data_s=data_s,
+            attempt=head.attempt,
+            group=head.group,
+        )
+        for step, ts, step_s, compute_s, comm_s, data_s in _values(head)
+    ]
 
 
 def encode_json_entry(payload: Mapping[str, Any]) -> dict[str, str]:

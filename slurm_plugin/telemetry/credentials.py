@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import secrets
 import stat
-from collections.abc import Mapping
+import tomllib
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -171,3 +172,15 @@ def remove_file(path: Path) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def job_settings(job_id: str, env: Mapping[str, str], load: Callable[..., Any]) -> Any:
+    """The settings a rank publishes with: the job's credential file when the prolog wrote one
+    (its values beat the environment: the site chose them), else the usual sources."""
+    directory = env.get(DIR_ENV)
+    path = credential_path(job_id, Path(directory) if directory else None)
+    if not path.is_file():
+        return load()
+    with path.open("rb") as handle:  # unreadable: PermissionError, an OSError the caller handles
+        values = tomllib.load(handle)
+    return load(path, **values)

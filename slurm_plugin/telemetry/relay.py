@@ -32,7 +32,7 @@ import structlog
 
 from slurm_plugin.errors import RedisUnavailableError, StragglerError, TelemetryError
 from slurm_plugin.model import keys
-from slurm_plugin.model.records import FlushHeader, decode_header, decode_steps, flush_id
+from slurm_plugin.model.records import FlushHeader, check_steps, flush_id
 from slurm_plugin.model.relayed import encode_relayed
 from slurm_plugin.telemetry.store import TelemetryStore
 
@@ -107,11 +107,9 @@ def parse_message(line: bytes) -> _Flush:
     ):
         raise TelemetryError("a flush message holds steps entries, events and steps_maxlen")
     job_id = keys.check_job_id(str(message.get("job_id", "")))
-    for fields in steps:
-        decode_steps(job_id, fields)  # every value checked; raises on the first bad one
     return _Flush(
         job_id,
-        [decode_header(fields) for fields in steps],
+        [check_steps(fields) for fields in steps],  # every value checked; raises on a bad one
         [flush_id(fields) for fields in steps],
         events,
         bool(message.get("refresh_ttl")),

@@ -35,7 +35,8 @@ from slurm_plugin.model.records import (
     non_negative_int,
 )
 from slurm_plugin.telemetry import credentials
-from slurm_plugin.telemetry.relay import RelayClient, RelayRefusedError
+from slurm_plugin.telemetry.outlet import Destination, Outlet
+from slurm_plugin.telemetry.relay import RelayClient
 from slurm_plugin.telemetry.store import TelemetryStore, connect_from
 
 log = structlog.get_logger(__name__)
@@ -160,12 +161,14 @@ class StepReporter:
         #: compares ranks within their group. "" when every rank does the same work.
         self.group = check_group(group) if enabled and group else ""
         self.enabled = enabled and store_factory is not None
-        self._store_factory = store_factory
-        self._store: TelemetryStore | RelayClient | None = None
-        #: The node relay's socket: flushes go there while a relay answers on it, to Redis
+        self._store: Destination | None = None
+        #: Where flushes go: the node relay's socket while a relay answers on it, Redis
         #: directly otherwise (and for good once the relay refuses this process).
-        self._relay_socket = relay_socket
-        self._relay_refused = False
+        self._outlet = (
+            Outlet(store_factory, relay_socket, job_id=job_id, rank=rank)
+            if store_factory is not None
+            else None
+        )
         self._cap = buffer_records
         self._buf: deque[tuple[Any, ...]] = deque(maxlen=buffer_records)
         self._events: deque[dict[str, Any]] = deque(maxlen=1000)
@@ -225,7 +228,7 @@ class StepReporter:
         if not job_id:
             return cls.disabled("not inside a Slurm job (SLURM_JOB_ID is not set)")
         try:
-            settings = _job_settings(job_id, env, load_settings)
+            settings = credentials.job_settings(job_id, env, load_settings)
             if not settings.telemetry_enabled:
                 return cls.disabled("telemetry_enabled is false")
             rank = _env_int(env, "SLURM_PROCID", "RANK", default=0)
@@ -406,6 +409,7 @@ class StepReporter:
         return entries
 
     def _flush_once(self) -> bool:
+        retrying = bool(self._pending)
         pending = self._bounded(self._pending + self._encode(self._drain()))
         self._pending = []
         events = list(self._events)
@@ -413,11 +417,14 @@ class StepReporter:
         lost = self.dropped - self._dropped_reported
         if not pending and not events and not lost:
             return True
+        assert self._outlet is not None  # noqa: S101 - enabled implies a store factory
         if self._store is None:
             try:
-                self._store = self._connect()
+                self._store = self._outlet.connect()
             except StragglerError as exc:
                 return self._failed(pending, events, exc)
+        elif not retrying:
+            self._store = self._outlet.reconsider(self._store)
         now = time.monotonic()
         refresh = now - self._last_ttl_refresh > _TTL_REFRESH_S
         if lost:
@@ -457,31 +464,14 @@ class StepReporter:
             )
         return True
 
-    def _connect(self) -> TelemetryStore | RelayClient:
-        """The node's relay when one answers (and has not refused us), else Redis itself."""
-        if self._relay_socket is not None and not self._relay_refused:
-            try:
-                return RelayClient.connect(self._relay_socket)
-            except OSError:
-                pass  # no relay on this node (or it is restarting): publish ourselves
-        assert self._store_factory is not None  # noqa: S101 - enabled implies a factory
-        return self._store_factory()
-
     def _failed(
         self,
         pending: list[_Entry],
         events: list[dict[str, Any]],
         exc: Exception,
     ) -> bool:
-        if isinstance(self._store, RelayClient):
-            # Next time: the relay again if it is back, else Redis directly.
-            self._store.close()
-            self._store = None
-        if isinstance(exc, RelayRefusedError) and not self._relay_refused:
-            self._relay_refused = True
-            log.warning(
-                "telemetry.relay_refused", job_id=self.job_id, rank=self.rank, error=str(exc)
-            )
+        if self._outlet is not None:
+            self._store = self._outlet.failed(self._store, exc)
         self._pending = pending
         for event in reversed(events):
             self._events.appendleft(event)
@@ -495,18 +485,6 @@ class StepReporter:
                 buffered=sum(len(e.raws) for e in pending),
             )
         return False
-
-
-def _job_settings(job_id: str, env: Mapping[str, str], load: Callable[..., Any]) -> Any:
-    """The settings a rank publishes with: the job's credential file when the prolog wrote one
-    (its values beat the environment: the site chose them), else the usual sources."""
-    directory = env.get(credentials.DIR_ENV)
-    path = credentials.credential_path(job_id, Path(directory) if directory else None)
-    if not path.is_file():
-        return load()
-    with path.open("rb") as handle:  # unreadable: PermissionError -> OSError, handled below
-        values = tomllib.load(handle)
-    return load(path, **values)
 
 
 def _env_int(env: Mapping[str, str], *names: str, default: int) -> int:

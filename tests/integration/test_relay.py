@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 import redis
 
+from slurm_plugin import StepReporter
 from slurm_plugin.errors import RedisUnavailableError
 from slurm_plugin.model import keys
 from slurm_plugin.model.records import StepRecord, encode_steps
+from slurm_plugin.telemetry import outlet as outlet_module
 from slurm_plugin.telemetry import relay as relay_module
 from slurm_plugin.telemetry.relay import Relay, RelayClient, parse_message
 from slurm_plugin.telemetry.store import Seen, TelemetryStore, connect
@@ -226,3 +228,55 @@ def test_connections_are_bounded_and_forgotten_when_they_close(
         relay.close()
     records, _, _ = _read_all(TelemetryStore(connect(private_redis.url)))
     assert sorted(r.rank for r in records) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+
+
+def test_a_rank_takes_to_a_relay_started_after_it(
+    private_redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No relay when the job starts: the rank publishes itself. Once a relay answers (tried
+    again every RELAY_RETRY_S) the rank publishes through it and closes its own connection;
+    every step is stored once."""
+    monkeypatch.setattr(outlet_module, "RELAY_RETRY_S", 0.5)
+    sock = tmp_path / "late.sock"
+    control = redis.Redis.from_url(private_redis.url)
+    reporter = StepReporter(
+        JOB,
+        5,
+        "claimed",
+        store_factory=lambda: TelemetryStore(connect(private_redis.url, retries=0)),
+        flush_interval_s=0.1,
+        relay_socket=sock,
+    )
+    relay = Relay(
+        TelemetryStore(connect(private_redis.url)), "node0", sock, tick_s=0.1, job_of=lambda _: JOB
+    )
+
+    def run(steps: range) -> None:
+        for step in steps:
+            reporter.record(step, 0.1, 0.08, 0.015, 0.005)
+            time.sleep(0.02)
+        assert reporter.flush(timeout_s=10)
+
+    try:
+        run(range(20))
+        assert _clients(control) == 1  # the rank's own connection
+        relay.start()
+        deadline = time.monotonic() + 10
+        step = 20
+        while relay.flushes == 0 and time.monotonic() < deadline:
+            run(range(step, step + 5))
+            step += 5
+        run(range(step, step + 20))
+        step += 20
+        assert relay.flushes > 0
+        assert _clients(control) == 1  # now the relay's; the rank closed its own
+    finally:
+        reporter.close()
+        relay.close()
+    records, repeats, malformed = _read_all(TelemetryStore(connect(private_redis.url)))
+    assert sorted(r.step for r in records) == list(range(step))
+    assert (repeats, malformed) == (0, 0)
+    direct = {r.step for r in records if r.node == "claimed"}
+    relayed = {r.step for r in records if r.node == "node0"}
+    assert direct >= set(range(20))
+    assert relayed >= set(range(step - 20, step))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,62 @@ def test_optional_cells_and_unsorted_rows() -> None:
     assert trace.node.tolist() == ["n1", "n 2"]
     assert np.isnan(trace.compute_s[1])
     assert trace.compute_s[0] == pytest.approx(0.15)
+
+
+def _careful_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read as an install without the backtest extra does: pyarrow cannot be imported."""
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.csv", None)
+
+
+def test_both_readers_read_the_same_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyarrow's reader (the backtest extra) and the csv-module reader give the same columns
+    and names: empty phase and gpu cells, quoted names, groups, rows out of ts order."""
+    batch = generate(JobSpec("9", 16, 40, seed=4, compute_slow={3: step_change(0.2, 10)}))
+    path = tmp_path / "t.csv"
+    write_csv([("9", batch), ("10", batch)], str(path))
+    lines = path.read_text().splitlines()
+    extra = [
+        '11,0,"n, 1",,0,100.5,0.2,,,,stage0',
+        "11,1,n2,3,0,100.25,0.2,0.1,0.05,0.01,",
+        '11,1,n2,3,1,100.75,0.2,0.1,"0.05",0.01,stage1',
+    ]
+    path.write_text("\n".join([lines[0] + ",group", *(f"{x}," for x in lines[1:]), *extra]) + "\n")
+    fast = read_trace(path)
+    _careful_only(monkeypatch)
+    careful = read_trace(path)
+    assert len(fast) == len(careful) == 2 * 16 * 40 + 3
+    for name in ("job_names", "node_names", "group_names"):
+        assert getattr(fast, name) == getattr(careful, name), name
+    for name in ("job_code", "node_code", "group_code", "rank", "gpu", "step"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(careful, name), err_msg=name)
+    for name in ("ts", "step_s", "compute_s", "comm_s", "data_s"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(careful, name), err_msg=name)
+    assert "n, 1" in fast.node_names
+    assert fast.labelled
+    first = int(np.argmin(fast.ts))  # 100.25 s, the second extra row: sorted to the front
+    assert (fast.job_id[first], fast.node[first], fast.group[first]) == ("11", "n2", "")
+    assert np.isnan(fast.compute_s[np.flatnonzero(fast.node == "n, 1")[0]])
+
+
+@pytest.mark.parametrize("pyarrow", [True, False])
+def test_bad_files_are_one_error_either_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pyarrow: bool
+) -> None:
+    """With or without pyarrow: a cell pandas would call missing ("NA") is not a number, a
+    required cell left empty is an error, a file that is not UTF-8 is named."""
+    if not pyarrow:
+        _careful_only(monkeypatch)
+    path = tmp_path / "t.csv"
+    path.write_text(HEADER + "1,0,n1,0,0,100.0,0.1,NA,0.1,\n")
+    with pytest.raises(TraceError, match="row 2: column 'compute_s': not a number: 'NA'"):
+        read_trace(path)
+    path.write_text(HEADER + "1,0,n1,0,0,100.0,0.1,0.1,0.1,\n1,,n1,0,1,101.0,0.1,,,\n")
+    with pytest.raises(TraceError, match="row 3: column 'rank': not a number"):
+        read_trace(path)
+    path.write_bytes(HEADER.encode() + b"1,0,n\xff1,0,0,100.0,0.1,,,\n")
+    with pytest.raises(TraceError, match=r"t\.csv: not a text CSV file"):
+        read_trace(path)
 
 
 def test_attempts_are_inferred_from_steps_going_back() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from slurm_plugin.detection.params import (
     cusum_threshold,
     optimal_delay,
 )
-from slurm_plugin.detection.stats import cusum
+from slurm_plugin.detection.stats import cusum, row_median
 from slurm_plugin.model.records import StepRecord
 from tests.scenarios.generator import JobSpec, drift, generate, step_change
 
@@ -57,6 +58,26 @@ def test_cusum_arithmetic() -> None:
     assert cusum_delay(0.5, cusum_threshold(0.5, 4.25e10), 1.0) == pytest.approx(
         optimal_delay(1.0, 4.25e10), rel=0.01
     )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.integers(1, 9),
+    st.lists(
+        st.one_of(st.floats(-1e6, 1e6), st.just(math.nan), st.just(math.inf), st.just(-math.inf)),
+        min_size=54,
+        max_size=54,
+    ),
+)
+def test_row_median_is_numpys_nanmedian(rows: int, cols: int, cells: list[float]) -> None:
+    """The sort-based row median agrees with ``np.nanmedian`` (NaN ignored, infinities kept,
+    NaN for a row without data)."""
+    values = np.array(cells[: rows * cols]).reshape(rows, cols)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows
+        expected = np.nanmedian(values, axis=1)
+    np.testing.assert_array_equal(row_median(values), expected)
 
 
 def test_healthy_job_with_stalls_checkpoints_and_jitter_raises_nothing() -> None:
