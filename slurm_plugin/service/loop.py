@@ -25,11 +25,6 @@ from slurm_plugin.errors import StragglerError
 from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy.decide import ClusterContext, JobContext, decide, is_slowdown
 from slurm_plugin.policy.history import other_jobs
-from slurm_plugin.policy.loader import (
-    active_policies,
-    apply_job_overrides,
-    policy_from_comment,
-)
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.service.evidence import gather_evidence
 from slurm_plugin.service.executor import Executor
@@ -37,6 +32,7 @@ from slurm_plugin.service.fence import FencedScheduler
 from slurm_plugin.service.ingest import Ingest
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.node_rails import NodeRails
+from slurm_plugin.service.policies import PolicySet
 from slurm_plugin.service.record import decision_record, number
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.service.waiting import Recheck, candidates, with_candidate
@@ -99,7 +95,7 @@ class Service:
             unknown_grace_s=settings.action_grace_s,
             step_budget_s=self.lock_ttl_s / 4,
         )
-        self.policies: dict[str, Policy] = {}
+        self._policies = PolicySet(settings, state)
         self._detectors: dict[tuple[str, DetectionParams], Detector] = {}
         self._ingest = Ingest(state, store, self.metrics)
         self._job_policy: dict[str, tuple[str, DetectionParams]] = {}
@@ -112,40 +108,12 @@ class Service:
 
     # -- policies ---------------------------------------------------------------------------
     def reload_policies(self) -> None:
-        """Re-read the policy directory and the applied policies; keep the last good set when
-        something is broken."""
-        try:
-            policies = self._read_policies()
-        except StragglerError as exc:
-            if not self.policies:
-                raise
-            log.warning("service.policies_invalid", error=str(exc), kept=sorted(self.policies))
-            return
-        self.policies = policies
-
-    def _read_policies(self) -> dict[str, Policy]:
-        policies, problems = active_policies(
-            self.settings.policy_dir, self.state.applied_policies()
-        )
-        for problem in problems:
-            log.warning("service.applied_policy_invalid", problem=problem)
-        if self.settings.default_policy not in policies:
-            raise StragglerError(f"default policy {self.settings.default_policy!r} missing")
-        return policies
+        """Re-read the policies (:meth:`PolicySet.reload`)."""
+        self._policies.reload()
 
     def policy_for(self, job: JobInfo) -> Policy:
-        """The job's policy: its registration, its comment, else the cluster default; with the
-        job's own overrides (sbatch --straggler-*) applied only where they are stricter."""
-        meta = self.state.job_meta(job.job_id)
-        wanted = meta.get("policy") or policy_from_comment(job.comment) or ""
-        allowed = self.settings.allowed_policies
-        if wanted and (
-            wanted not in self.policies or (allowed is not None and wanted not in allowed)
-        ):
-            log.warning("service.policy_refused", job_id=job.job_id, policy=wanted[:40])
-            wanted = ""
-        base = self.policies.get(wanted) or self.policies[self.settings.default_policy]
-        return apply_job_overrides(base, meta)
+        """The job's policy (:meth:`PolicySet.for_job`)."""
+        return self._policies.for_job(job)
 
     # -- one cycle ----------------------------------------------------------------------------
     def cycle(self) -> CycleReport:
@@ -298,7 +266,7 @@ class Service:
                 nodes,
                 now,
                 corroborated=bool(evidence),
-                cluster_mode=self.policies[self.settings.default_policy].actions.mode,
+                cluster_mode=self._policies.default.actions.mode,
             )
         ctx = replace(self._context(job), node_incidents=past)
         decision = decide(event, job, policy, ctx, self._cluster(nodes, now), now)
