@@ -3,7 +3,7 @@
 Header ``job_id,rank,node,gpu,step,ts,step_s,compute_s,comm_s,data_s[,group]``; ``ts`` is unix
 seconds at step end; empty phase cells mean "not measured".
 
-Reading takes one pass: pyarrow's CSV reader (the ``backtest`` extra) when it is installed,
+Reading takes one pass: pyarrow's CSV reader (the ``arrow`` extra) when it is installed,
 with names as dictionary codes; anything it refuses, and every read without pyarrow, takes the
 careful path (Python's csv module), which also names the row and column of a problem.
 """
@@ -190,7 +190,7 @@ def _fast(source: Path | bytes, header: list[str]) -> Trace | None:
     """pyarrow's reader (multi-threaded, one pass); None where it is not installed or refuses
     the input (the careful path then finds the problem)."""
     try:
-        import pyarrow as pa  # noqa: PLC0415 - the optional backtest extra
+        import pyarrow as pa  # noqa: PLC0415 - the optional arrow extra
         import pyarrow.csv as pacsv  # noqa: PLC0415
     except ImportError:
         return None

@@ -56,5 +56,5 @@ def backtest(settings: Settings, trace_path: Path, policy_path: Path | None, as_
     )
     if importlib.util.find_spec("pyarrow") is None:
         click.echo(
-            "hint: install the 'backtest' extra (pyarrow) to read traces several times faster"
+            "hint: install the 'arrow' extra (pyarrow) to read traces several times faster"
         )

@@ -9,10 +9,11 @@ checked as arrays. An entry is accepted or refused whole, on the rules of
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -92,11 +93,14 @@ def _why(fields: Mapping[str, str]) -> str:
 
 def _parse(texts: list[str], width: int) -> np.ndarray | None:
     """``texts`` as rows of ``width`` numbers ("-": NaN); None when a token is not a number."""
+    if not texts:
+        return np.empty((0, width))
+    arrow = _arrow()
+    if arrow is not None:
+        return _parse_arrow(arrow, texts, width)
     # "-" stands alone (a line starts with digits; an exponent's "-" follows an "e"): as
     # "nan" numpy's C parser reads it. A negative number turns into a token it refuses.
     text = " ".join(texts).replace(" -", " nan")
-    if not text:
-        return np.empty((0, width))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # numpy warns where it stops at a token it cannot read
         try:
@@ -106,6 +110,44 @@ def _parse(texts: list[str], width: int) -> np.ndarray | None:
     if len(values) % width or len(values) != text.count(" ") + text.count("\n") + 1:
         return None  # a token it read only in part
     return values.reshape(-1, width)
+
+
+@functools.cache
+def _arrow() -> tuple[Any, Any] | None:
+    """pyarrow and its CSV reader when installed (the ``arrow`` extra): it parses these rows
+    about ten times faster than numpy's text parser, on every core."""
+    try:
+        import pyarrow  # noqa: PLC0415 - optional, and only the service needs it
+        import pyarrow.csv  # noqa: PLC0415
+    except ImportError:
+        return None
+    return pyarrow, pyarrow.csv
+
+
+def _parse_arrow(arrow: tuple[Any, Any], texts: list[str], width: int) -> np.ndarray | None:
+    """:func:`_parse` by pyarrow: one row per line, fields one space apart, exactly ``width``
+    of them; no quoting, no empty field; "-" is the only missing value."""
+    pa, pacsv = arrow
+    text = "\n".join(texts)
+    names = [str(i) for i in range(width)]
+    try:
+        table = pacsv.read_csv(
+            pa.BufferReader(text.encode()),
+            read_options=pacsv.ReadOptions(column_names=names),
+            parse_options=pacsv.ParseOptions(
+                delimiter=" ", quote_char=False, escape_char=False, ignore_empty_lines=False
+            ),
+            convert_options=pacsv.ConvertOptions(
+                column_types=dict.fromkeys(names, pa.float64()),
+                null_values=["-"],
+                strings_can_be_null=False,
+            ),
+        )
+    except pa.ArrowException:
+        return None
+    if table.num_rows != text.count("\n") + 1:
+        return None
+    return np.column_stack([column.to_numpy() for column in table.columns])
 
 
 def _parse_each(texts: list[str], counts: list[int], width: int) -> np.ndarray:

@@ -54,13 +54,13 @@ def test_optional_cells_and_unsorted_rows() -> None:
 
 
 def _careful_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Read as an install without the backtest extra does: pyarrow cannot be imported."""
+    """Read as an install without the arrow extra does: pyarrow cannot be imported."""
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     monkeypatch.setitem(sys.modules, "pyarrow.csv", None)
 
 
 def test_both_readers_read_the_same_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """pyarrow's reader (the backtest extra) and the csv-module reader give the same columns
+    """pyarrow's reader (the arrow extra) and the csv-module reader give the same columns
     and names: empty phase and gpu cells, quoted names, groups, rows out of ts order."""
     batch = generate(JobSpec("9", 16, 40, seed=4, compute_slow={3: step_change(0.2, 10)}))
     path = tmp_path / "t.csv"

@@ -3,11 +3,16 @@ and yields the same values."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from unittest import mock
+
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurm_plugin.errors import TelemetryError
+from slurm_plugin.model import columns
 from slurm_plugin.model.batch import RecordBatch
 from slurm_plugin.model.columns import decode_entries
 from slurm_plugin.model.records import StepRecord, decode_header, decode_steps, encode_steps
@@ -35,25 +40,30 @@ _GOOD = st.builds(
 )
 # Tokens an attacker (or a bug) could put in a steps text: numbers in every spelling Python
 # reads, and things it does not.
-_TOKEN = st.sampled_from(
-    [
-        "0",
-        "1",
-        "-",
-        "-1",
-        "-0",
-        "1.5",
-        "1e3",
-        "1e999",
-        "nan",
-        "inf",
-        "1_0",
-        "+2",
-        "1.2.3",
-        ".",
-        "e",
-        "",
-    ]
+_TOKEN = st.one_of(
+    st.sampled_from(
+        [
+            "0",
+            "1",
+            "-",
+            "-1",
+            "-0",
+            "1.5",
+            "1e3",
+            "1e999",
+            "nan",
+            "inf",
+            "1_0",
+            "+2",
+            "1.2.3",
+            ".",
+            "e",
+            "",
+        ]
+    ),
+    # Every spelling the encoder's alphabet allows ("1.", ".5", "1e-3", "+.e", "--1", ...):
+    # the parsers must read exactly what Python's float() reads.
+    st.text(alphabet="-+.e0123456789", min_size=1, max_size=6),
 )
 _TEXT = st.lists(
     st.lists(_TOKEN, min_size=5, max_size=7).map(" ".join), min_size=1, max_size=3
@@ -81,9 +91,24 @@ def _nan_equal(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(np.asarray(a, dtype=float), np.asarray(b, dtype=float), True))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.fixture(params=["arrow", "numpy"])
+def parser(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Both row parsers: pyarrow's (the arrow extra) and numpy's (without it)."""
+    if request.param == "numpy":
+        with mock.patch.object(columns, "_arrow", return_value=None):
+            yield request.param
+    else:
+        assert columns._arrow() is not None, "the tests need the arrow extra"
+        yield request.param
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(st.lists(_flush(), min_size=0, max_size=12))
-def test_columns_agree_with_the_record_decoder(flushes: list[dict[str, str]]) -> None:
+def test_columns_agree_with_the_record_decoder(parser: str, flushes: list[dict[str, str]]) -> None:
     records: list[StepRecord] = []
     refused = 0
     for fields in flushes:
@@ -108,10 +133,14 @@ def _assert_same(got: RecordBatch, records: list[StepRecord]) -> None:
     ]
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(st.lists(_GOOD, min_size=0, max_size=10), st.lists(_GOOD, min_size=0, max_size=4))
 def test_a_relayed_entry_reads_as_its_flushes_on_the_relays_node(
-    packed: list[dict[str, str]], plain: list[dict[str, str]]
+    parser: str, packed: list[dict[str, str]], plain: list[dict[str, str]]
 ) -> None:
     relayed = encode_relayed("node9", [decode_header(f) for f in packed], "0123456789abcdef.1")
     entries = [*plain[:2], relayed, *plain[2:]]  # stream order is kept
@@ -124,7 +153,7 @@ def test_a_relayed_entry_reads_as_its_flushes_on_the_relays_node(
     assert [decoded.nodes[c] for c in decoded.node_code] == [r.node for r in records]
 
 
-def test_a_malformed_flush_is_counted_with_its_reason() -> None:
+def test_a_malformed_flush_is_counted_with_its_reason(parser: str) -> None:
     good = encode_steps(1, "node1", 0, 0, [(0, 1.0, 1.0, None, None, None)])
     decoded = decode_entries([good, {**good, "steps": "0 1 -1 - - -"}, {**good, "rank": "x"}])
     assert decoded.malformed == 2
