@@ -270,10 +270,17 @@ def infer_attempts(job_codes: np.ndarray, rank: np.ndarray, step: np.ndarray) ->
     attempts = np.zeros(n, dtype=np.int64)
     if not n:
         return attempts
-    key = job_codes.astype(np.int64) * (int(rank.max()) + 1) + rank
-    order = _stable_order(key)  # by (job, rank), each rank's records still in ts order
-    k, s = key[order], step[order]
-    same = np.r_[False, k[1:] == k[:-1]]
+    width = int(rank.max()) + 1
+    if width * (int(job_codes.max()) + 1) < 1 << 62:  # (job, rank) as one integer key
+        key = job_codes.astype(np.int64) * width + rank
+        order = _stable_order(key)  # by (job, rank), each rank's records still in ts order
+        k = key[order]
+        same = np.r_[False, k[1:] == k[:-1]]
+    else:  # ranks too large to pack (a hostile trace): sort by both
+        order = np.lexsort((np.arange(n), rank, job_codes))
+        j, r = job_codes[order], rank[order]
+        same = np.r_[False, (j[1:] == j[:-1]) & (r[1:] == r[:-1])]
+    s = step[order]
     back = same & np.r_[False, s[1:] < s[:-1]]
     if not back.any():
         return attempts

@@ -55,6 +55,4 @@ def backtest(settings: Settings, trace_path: Path, policy_path: Path | None, as_
         f"late or superseded records: {result.late_records:,}"
     )
     if importlib.util.find_spec("pyarrow") is None:
-        click.echo(
-            "hint: install the 'arrow' extra (pyarrow) to read traces several times faster"
-        )
+        click.echo("hint: install the 'arrow' extra (pyarrow) to read traces several times faster")

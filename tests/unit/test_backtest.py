@@ -115,6 +115,9 @@ def test_attempts_are_inferred_from_steps_going_back() -> None:
     ranks = np.array([0, 1, 0, 1, 0, 0, 1])
     steps = np.array([5, 5, 6, 6, 9, 3, 3])
     assert infer_attempts(jobs, ranks, steps).tolist() == [0, 0, 0, 0, 0, 1, 1]
+    # Ranks too large to pack with the job into one integer key give the same answer.
+    huge = ranks * 2**61
+    assert infer_attempts(jobs, huge, steps).tolist() == [0, 0, 0, 0, 0, 1, 1]
 
 
 def test_backtest_json(tmp_path: Path) -> None:
