@@ -65,8 +65,7 @@ class Outlet:
         relay = self._relay()
         if relay is None:
             return current
-        with contextlib.suppress(Exception):  # closing a client we no longer use
-            current.client.close()
+        self.close(current)
         log.info("telemetry.relay_found", job_id=self._job_id, rank=self._rank)
         return relay
 
@@ -83,6 +82,16 @@ class Outlet:
             current.close()
             return None
         return current
+
+    @staticmethod
+    def close(current: Destination | None) -> None:
+        """Close the reporter's connection, to the relay or to Redis (a closed reporter holds
+        no server connection: at 16k ranks each one counts against ``maxclients``)."""
+        if isinstance(current, RelayClient):
+            current.close()
+        elif current is not None:
+            with contextlib.suppress(Exception):
+                current.client.close()
 
     def _relay(self) -> RelayClient | None:
         if self._relay_socket is None or self.refused:

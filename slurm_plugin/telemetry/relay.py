@@ -174,7 +174,8 @@ class Relay:
 
     def close(self) -> None:
         """Stop serving; flushes still queued are answered with an error (their reporters
-        send them again, to Redis itself if no relay answers)."""
+        send them again, to Redis itself if no relay answers). Closes the store's
+        connection: the relay owns it."""
         self._stop.set()
         for thread in self._threads:
             thread.join(5.0)
@@ -188,6 +189,8 @@ class Relay:
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         self._answer(self._take(), "relay stopped")
+        with contextlib.suppress(Exception):  # the relay owns its store's connection
+            self.store.client.close()
 
     def stop(self) -> None:
         """Ask :meth:`serve_forever` to return (a signal handler may call it)."""

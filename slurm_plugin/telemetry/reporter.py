@@ -36,7 +36,6 @@ from slurm_plugin.model.records import (
 )
 from slurm_plugin.telemetry import credentials
 from slurm_plugin.telemetry.outlet import Destination, Outlet
-from slurm_plugin.telemetry.relay import RelayClient
 from slurm_plugin.telemetry.store import TelemetryStore, connect_from
 
 log = structlog.get_logger(__name__)
@@ -314,8 +313,8 @@ class StepReporter:
         self._thread.join(timeout_s)
         self._thread = None
         _live.discard(self)
-        if isinstance(self._store, RelayClient):
-            self._store.close()
+        Outlet.close(self._store)
+        self._store = None
 
     def __enter__(self) -> StepReporter:
         return self

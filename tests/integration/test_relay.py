@@ -280,3 +280,18 @@ def test_a_rank_takes_to_a_relay_started_after_it(
     relayed = {r.step for r in records if r.node == "node0"}
     assert direct >= set(range(20))
     assert relayed >= set(range(step - 20, step))
+
+
+def test_a_closed_reporter_holds_no_connection(private_redis: RedisServer) -> None:
+    """A reporter publishing to Redis itself closes its connection when it is closed: at 16k
+    ranks every one left open counts against the server's maxclients."""
+    control = redis.Redis.from_url(private_redis.url)
+    reporter = StepReporter(
+        JOB, 1, "n1", store_factory=lambda: TelemetryStore(connect(private_redis.url))
+    )
+    reporter.record(0, 0.1, 0.08, 0.015, 0.005)
+    assert reporter.flush(timeout_s=10)
+    assert _clients(control) == 1
+    reporter.close()
+    assert _clients(control) == 0
+    control.close()
