@@ -251,3 +251,23 @@ def test_a_burst_of_six_steps_is_reported_and_never_evicted(tmp_path: Path) -> N
     assert {d["node"] for d in detections} == {"n0001"}, detections
     assert [d["action"] for d in detections] == ["annotate"] * len(detections)
     assert detections[0]["lasted_s"] < 15  # seconds old when reported
+
+
+def test_without_pyarrow_the_backtest_runs_and_says_how_to_read_faster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An install without the arrow extra replays the same trace to the same detections and
+    prints one hint line."""
+    jobs = [("7", generate(JobSpec("7", 32, 200, seed=5, compute_slow={3: step_change(0.3, 80)})))]
+    path = tmp_path / "t.csv"
+    write_csv(jobs, str(path))
+    with_arrow = CliRunner().invoke(cli, ["backtest", str(path), "--json"])
+    assert "hint:" not in CliRunner().invoke(cli, ["backtest", str(path)]).stdout
+    _careful_only(monkeypatch)
+    without = CliRunner().invoke(cli, ["backtest", str(path), "--json"])
+    assert with_arrow.exit_code == without.exit_code == 0, without.output
+    assert json.loads(without.stdout) == json.loads(with_arrow.stdout)
+    assert json.loads(without.stdout)["detections"]
+    table = CliRunner().invoke(cli, ["backtest", str(path)])
+    assert table.exit_code == 0, table.output
+    assert "hint: install the 'arrow' extra (pyarrow)" in table.stdout
