@@ -19,6 +19,11 @@ from slurm_plugin.detection.job import Block, JobDetector
 from slurm_plugin.detection.params import DetectionParams
 from slurm_plugin.model.batch import RecordBatch
 
+#: Ranks at or above this are dropped as bad records: the detector's arrays are as wide as the
+#: highest rank of a job (4,194,304 ranks: 32x the largest job measured; the service's evidence
+#: rules bound a job's ranks by its size well before this).
+MAX_RANK = 1 << 22
+
 
 @dataclass
 class _JobState:
@@ -51,6 +56,7 @@ class Detector:
             return
         ok = (
             (batch.rank >= 0)
+            & (batch.rank < MAX_RANK)
             & (batch.step >= 0)
             & np.isfinite(batch.ts)
             & np.isfinite(batch.step_s)

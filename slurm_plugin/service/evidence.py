@@ -1,8 +1,9 @@
 """Evidence rules: which telemetry records the service believes, and what corroborates them.
 
 A job's user controls what its ranks publish. So records only count when they fit what Slurm
-says about the job: the node is one of the job's nodes, the attempt is not in the future, and a
-rank stays on the node it was first seen on within an attempt. Everything else is dropped and
+says about the job: the node is one of the job's nodes, the rank is below the job's nodes x
+``MAX_RANKS_PER_NODE``, the attempt is not in the future, and a rank stays on the node it was
+first seen on within an attempt. Everything else is dropped and
 counted by reason. Hardware evidence (sidecar GPU samples, the prolog's findings) is outside the
 job's control and is attached to every straggler decision.
 """
@@ -35,6 +36,9 @@ SLOWING_THROTTLES = frozenset(
 )
 #: A GPU running below this share of its max SM clock under load is evidence.
 LOW_CLOCK_SHARE = 0.7
+#: A rank is believed only below this many per node of the job (a job's user could otherwise
+#: claim rank 10**12, and the detector's arrays are as wide as the highest rank).
+MAX_RANKS_PER_NODE = 1024
 
 
 @dataclass
@@ -63,8 +67,10 @@ class EvidenceFilter:
         job_nodes = set(job.nodes)
         allowed = np.array([n in job_nodes for n in nodes], dtype=bool)
         foreign = ~allowed[node_code] if len(nodes) else np.zeros(len(rank), dtype=bool)
-        future = ~foreign & (attempt > job.restarts)
-        keep = ~foreign & ~future
+        wide = max(1, job.node_count, len(job.nodes)) * MAX_RANKS_PER_NODE
+        out_of_range = ~foreign & (rank >= wide)
+        future = ~foreign & ~out_of_range & (attempt > job.restarts)
+        keep = ~foreign & ~out_of_range & ~future
         moved = np.zeros(len(rank), dtype=bool)
         rows = np.flatnonzero(keep)
         # The attempt in force at each record: the highest seen so far (a record of an older
@@ -79,6 +85,7 @@ class EvidenceFilter:
         dropped: Counter[str] = Counter()
         for reason, mask in (
             ("foreign_node", foreign),
+            ("rank_out_of_range", out_of_range),
             ("future_attempt", future),
             ("rank_moved", moved),
         ):

@@ -80,6 +80,20 @@ def test_row_median_is_numpys_nanmedian(rows: int, cols: int, cells: list[float]
     np.testing.assert_array_equal(row_median(values), expected)
 
 
+def test_a_rank_beyond_any_job_is_a_bad_record_not_an_allocation() -> None:
+    """One record claiming rank 10**12 is dropped and counted; it does not make the detector
+    size its arrays for a trillion ranks (which raised MemoryError for every job it held)."""
+    records = [
+        StepRecord("1", rank, "n1", 0, step, 100.0 + step, 1.0, 0.5, 0.1, 0.0)
+        for step in range(3)
+        for rank in (0, 1, 2, 3, 10**12)
+    ]
+    det = Detector()
+    det.add("1", RecordBatch.from_records(records))
+    assert det.advance(final=True) == []
+    assert det.bad_records == 3
+
+
 def test_healthy_job_with_stalls_checkpoints_and_jitter_raises_nothing() -> None:
     """Checkpoint pauses, global stalls (every rank x2) and dataloader jitter cancel out."""
     spec = JobSpec("1", 256, 1500, seed=3, stall_steps=(300, 301, 900), checkpoint_every=100)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.model.records import StepRecord
 from slurm_plugin.policy.history import HistoryParams, Incident, NodeHistory, record_incident
-from slurm_plugin.service.evidence import EvidenceFilter, hardware_evidence
+from slurm_plugin.service.evidence import MAX_RANKS_PER_NODE, EvidenceFilter, hardware_evidence
 
 JOB = JobInfo(
     job_id="7",
@@ -59,6 +59,9 @@ def _reference(
         if r.node not in job.nodes:
             dropped["foreign_node"] += 1
             continue
+        if r.rank >= job.node_count * MAX_RANKS_PER_NODE:
+            dropped["rank_out_of_range"] += 1
+            continue
         if r.attempt > job.restarts:
             dropped["future_attempt"] += 1
             continue
@@ -75,7 +78,7 @@ def _reference(
 
 _RECORD = st.builds(
     _rec,
-    st.integers(0, 4),
+    st.one_of(st.integers(0, 4), st.sampled_from([2047, 2048, 10**12])),
     st.sampled_from(["node1", "node2", "node3"]),
     st.integers(0, 3),
 )
@@ -92,7 +95,8 @@ def test_the_arrays_judge_as_the_rules_do_record_by_record(
 
 
 def test_records_that_do_not_fit_the_job_are_dropped_and_counted() -> None:
-    """Foreign nodes, future attempts and ranks that change node are dropped, by reason."""
+    """Foreign nodes, ranks beyond the job's size, future attempts and ranks that change node
+    are dropped, by reason."""
     evidence = EvidenceFilter()
     records = [
         _rec(0, "node1"),
@@ -101,10 +105,16 @@ def test_records_that_do_not_fit_the_job_are_dropped_and_counted() -> None:
         _rec(0, "node2", step=1),  # rank 0 was on node1 in this attempt
         _rec(1, "node2", attempt=2),  # Slurm says restart count 1
         _rec(1, "node1", attempt=0),  # an older attempt: the detector drops it later
+        _rec(10**12, "node1"),  # 2 nodes: at most 2,048 ranks
     ]
     kept, dropped = _filter(evidence, JOB, records)
     assert kept == [records[0], records[1], records[5]]
-    assert dict(dropped) == {"foreign_node": 1, "rank_moved": 1, "future_attempt": 1}
+    assert dict(dropped) == {
+        "foreign_node": 1,
+        "rank_moved": 1,
+        "future_attempt": 1,
+        "rank_out_of_range": 1,
+    }
     # The binding outlives the batch: a later batch cannot move rank 0 either.
     kept, dropped = _filter(evidence, JOB, [_rec(0, "node2", step=2), _rec(0, "node1", step=2)])
     assert [r.node for r in kept] == ["node1"]
