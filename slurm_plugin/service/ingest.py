@@ -4,6 +4,7 @@ sweep of per-job credentials whose job is gone."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -32,6 +33,10 @@ MAX_ENTRIES_PER_JOB = 100_000
 MAX_BACKLOG_PER_JOB = 2_000_000
 #: Entries per XRANGE page.
 PAGE = 5000
+#: Reporter sessions remembered per job for skipping repeats (a job's user could mint a session
+#: per flush): past it the oldest half is forgotten, sessions of earlier attempts first. A
+#: 131,072-rank job publishing per rank has that many; relays make it one per node.
+SEEN_PER_JOB = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,7 @@ class Ingest:
             if page.last_id == cursor:
                 break
             cursor = page.last_id
+        forget_oldest(seen, SEEN_PER_JOB)
         decoded = decode_entries(fields)
         if decoded.malformed:
             log.warning(
@@ -170,3 +176,12 @@ class Ingest:
 def _count(known: dict[str, str], key: str) -> int:
     """A counter the service keeps in the job's state (0 before the first)."""
     return int(known.get(key, "0") or 0)
+
+
+def forget_oldest(seen: Seen, cap: int) -> None:
+    """Above ``cap`` sessions, forget the oldest until half of ``cap`` remain (a dict keeps its
+    insertion order: the sessions first read go first)."""
+    if len(seen) <= cap:
+        return
+    for key in list(itertools.islice(seen, len(seen) - cap // 2)):
+        del seen[key]

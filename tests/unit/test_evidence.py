@@ -13,6 +13,7 @@ from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.model.records import StepRecord
 from slurm_plugin.policy.history import HistoryParams, Incident, NodeHistory, record_incident
 from slurm_plugin.service.evidence import MAX_RANKS_PER_NODE, EvidenceFilter, hardware_evidence
+from slurm_plugin.service.ingest import forget_oldest
 
 JOB = JobInfo(
     job_id="7",
@@ -171,3 +172,15 @@ def test_require_corroboration_keeps_timing_alone_from_draining() -> None:
     transition = record_incident(history, Incident("5", 1010.0, 10.0, corroborated=True), params)
     assert transition.became_persistent
     assert "1 with hardware evidence" in transition.reasons[0]
+
+
+def test_the_sessions_remembered_per_job_are_bounded() -> None:
+    """A job's user can mint a reporter session per flush: past the cap the service forgets
+    the oldest half, the sessions it read first."""
+    seen = {(str(rank), f"{i:016x}"): 1 for i, rank in enumerate(range(10))}
+    forget_oldest(seen, 16)
+    assert len(seen) == 10
+    seen.update({("0", f"{i:016x}"): 1 for i in range(10, 40)})
+    forget_oldest(seen, 16)
+    assert len(seen) == 8
+    assert list(seen) == [("0", f"{i:016x}") for i in range(32, 40)]
