@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from slurm_plugin.detection import Detector, Event, RecordBatch, StragglerEvent
-from slurm_plugin.model.cluster import JobInfo, NodeInfo
+from slurm_plugin.model.cluster import MAX_RANKS_PER_NODE, JobInfo, NodeInfo
 from slurm_plugin.policy.decide import ClusterContext, JobContext, decide, is_slowdown
 from slurm_plugin.policy.history import Incident, NodeHistory, other_jobs, record_incident
 from slurm_plugin.policy.rails import PersistencePolicy, SafetyPolicy
@@ -38,6 +38,9 @@ class BacktestResult:
     persistent_nodes: list[str] = field(default_factory=list)
     records: int = 0
     late_records: int = 0
+    #: Records whose rank is beyond what the job's nodes can hold (the service's evidence
+    #: rule, ``rank_out_of_range``): dropped before detection.
+    out_of_range: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON form."""
@@ -164,6 +167,9 @@ def run_backtest(
     hist_params = (persistence or PersistencePolicy()).params()
     histories: dict[str, NodeHistory] = {}
     result = BacktestResult(records=len(trace))
+    trace, result.out_of_range = _in_range(trace)
+    if not len(trace):
+        return result
     job_codes, names = trace.job_code, trace.job_names
     attempts = infer_attempts(job_codes, trace.rank, trace.step)
     restarted = bool(attempts.any())
@@ -212,6 +218,19 @@ def run_backtest(
     result.persistent_nodes = sorted(n for n, h in histories.items() if h.state == "persistent")
     result.late_records = detector.late_records
     return result
+
+
+def _in_range(trace: Trace) -> tuple[Trace, int]:
+    """``trace`` without the records whose rank is at or beyond the job's nodes in the trace x
+    ``MAX_RANKS_PER_NODE``, as the service's evidence rules drop them; and how many."""
+    if not len(trace) or int(trace.rank.max()) < MAX_RANKS_PER_NODE:
+        return trace, 0  # every job has a node: nothing can be out of range
+    pairs = np.unique(trace.job_code.astype(np.int64) * len(trace.node_names) + trace.node_code)
+    nodes_per_job = np.bincount(pairs // len(trace.node_names), minlength=len(trace.job_names))
+    ok = trace.rank < nodes_per_job[trace.job_code] * MAX_RANKS_PER_NODE
+    if ok.all():
+        return trace, 0
+    return trace.take(ok), int((~ok).sum())
 
 
 def _batch(

@@ -52,7 +52,8 @@ def backtest(settings: Settings, trace_path: Path, policy_path: Path | None, as_
     click.echo(
         f"{result.records:,} records in {elapsed:.2f} s "
         f"({result.records / max(elapsed, 1e-9):,.0f} records/s); "
-        f"late or superseded records: {result.late_records:,}"
+        f"late or superseded records: {result.late_records:,}; "
+        f"ranks beyond their job's nodes: {result.out_of_range:,}"
     )
     if importlib.util.find_spec("pyarrow") is None:
         click.echo("hint: install the 'arrow' extra (pyarrow) to read traces several times faster")

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: A job's ranks are believed only below this many per node of the job (a job's user could
+#: otherwise claim rank 10**12, and the detector's arrays are as wide as the highest rank).
+MAX_RANKS_PER_NODE = 1024
+
 
 @dataclass(frozen=True)
 class JobInfo:

@@ -22,7 +22,7 @@ import structlog
 
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.model import keys
-from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.model.cluster import MAX_RANKS_PER_NODE, JobInfo
 
 if TYPE_CHECKING:
     from slurm_plugin.service.state import ServiceState
@@ -36,9 +36,6 @@ SLOWING_THROTTLES = frozenset(
 )
 #: A GPU running below this share of its max SM clock under load is evidence.
 LOW_CLOCK_SHARE = 0.7
-#: A rank is believed only below this many per node of the job (a job's user could otherwise
-#: claim rank 10**12, and the detector's arrays are as wide as the highest rank).
-MAX_RANKS_PER_NODE = 1024
 
 
 @dataclass

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from slurm_plugin.backtest import infer_attempts
+from slurm_plugin.backtest import infer_attempts, run_backtest
 from slurm_plugin.cli.main import cli
 from slurm_plugin.errors import TraceError
+from slurm_plugin.policy.schema import Policy
 from slurm_plugin.trace import read_trace
 from tests.scenarios.generator import JobSpec, burst, generate, step_change, write_csv
 
@@ -271,3 +272,22 @@ def test_without_pyarrow_the_backtest_runs_and_says_how_to_read_faster(
     table = CliRunner().invoke(cli, ["backtest", str(path)])
     assert table.exit_code == 0, table.output
     assert "hint: install the 'arrow' extra (pyarrow)" in table.stdout
+
+
+def test_ranks_beyond_their_jobs_nodes_are_dropped_as_the_service_does(tmp_path: Path) -> None:
+    """A record claiming rank 10**12 on a one-node job is dropped before detection (the
+    service's rank_out_of_range rule) and counted; the rest replays as before."""
+    jobs = [("7", generate(JobSpec("7", 32, 200, seed=5, compute_slow={3: step_change(0.3, 80)})))]
+    path = tmp_path / "t.csv"
+    write_csv(jobs, str(path))
+    clean = CliRunner().invoke(cli, ["backtest", str(path), "--json"])
+    with path.open("a") as handle:
+        handle.write("7,1000000000000,n0000,0,5,1700000005.0,1.0,0.5,0.1,0.0\n")
+    trace = read_trace(path)
+    result = run_backtest(trace, Policy.model_validate({"name": "b", "actions": {"mode": "evict"}}))
+    assert result.out_of_range == 1
+    assert result.to_dict() == json.loads(clean.stdout)
+    only_bad = tmp_path / "bad.csv"
+    only_bad.write_text(HEADER + "7,1000000000000,n0000,0,5,1700000005.0,1.0,0.5,0.1,0.0\n")
+    empty = run_backtest(read_trace(only_bad), Policy(name="b"))
+    assert (empty.out_of_range, empty.detections) == (1, [])

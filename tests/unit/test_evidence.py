@@ -9,10 +9,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.model.cluster import MAX_RANKS_PER_NODE, JobInfo
 from slurm_plugin.model.records import StepRecord
 from slurm_plugin.policy.history import HistoryParams, Incident, NodeHistory, record_incident
-from slurm_plugin.service.evidence import MAX_RANKS_PER_NODE, EvidenceFilter, hardware_evidence
+from slurm_plugin.service.evidence import EvidenceFilter, hardware_evidence
 from slurm_plugin.service.ingest import forget_oldest
 
 JOB = JobInfo(
