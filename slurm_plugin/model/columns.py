@@ -2,8 +2,8 @@
 detector, with no object per step.
 
 An entry is one rank's flush or a node relay's rows (``model.relayed``). Headers are read in
-Python, once per entry; the steps of every entry are parsed in one numpy call per kind and
-checked as arrays. An entry is accepted or refused whole, on the rules of
+Python, once per entry; the steps of every entry are parsed in one call per kind (pyarrow's CSV
+reader with the ``arrow`` extra, else numpy's text parser) and checked as arrays. An entry is accepted or refused whole, on the rules of
 :func:`~slurm_plugin.model.records.decode_steps` (a property test holds them to agree).
 """
 
@@ -117,7 +117,7 @@ def _arrow() -> tuple[Any, Any] | None:
     """pyarrow and its CSV reader when installed (the ``arrow`` extra): it parses these rows
     about ten times faster than numpy's text parser, on every core."""
     try:
-        import pyarrow  # noqa: PLC0415 - optional, and only the service needs it
+        import pyarrow  # noqa: PLC0415 - optional: the service host installs it
         import pyarrow.csv  # noqa: PLC0415
     except ImportError:
         return None
