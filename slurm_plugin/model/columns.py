@@ -3,8 +3,9 @@ detector, with no object per step.
 
 An entry is one rank's flush or a node relay's rows (``model.relayed``). Headers are read in
 Python, once per entry; the steps of every entry are parsed in one call per kind (pyarrow's CSV
-reader with the ``arrow`` extra, else numpy's text parser) and checked as arrays. An entry is accepted or refused whole, on the rules of
-:func:`~slurm_plugin.model.records.decode_steps` (a property test holds them to agree).
+reader with the ``arrow`` extra, else numpy's text parser) and checked as arrays. An entry is
+accepted or refused whole, on the rules of :func:`~slurm_plugin.model.records.decode_steps` (a
+property test holds them to agree).
 """
 
 from __future__ import annotations
