@@ -138,19 +138,19 @@ def read_trace(source: TextIO | Path, *, name: str | None = None) -> Trace:
     column of any problem."""
     name = name or (str(source) if isinstance(source, Path) else "trace")
     try:
-        text: str | None = None
-        if isinstance(source, Path):
+        if isinstance(source, Path):  # pyarrow reads the file itself; the text only if needed
             with source.open(newline="") as handle:
-                first_line = handle.readline()
+                header = _header(handle.readline(), name)
+            trace = _fast(source, header)
+            if trace is None:
+                with source.open(newline="") as handle:
+                    trace = _careful(handle.read(), header, name)
         else:
             text = source.read()
-            first_line = text.partition("\n")[0]
-        header = _header(first_line, name)
-        trace = _fast(source if isinstance(source, Path) else (text or "").encode(), header)
-        if trace is None:
-            if text is None:
-                text = source.read_text() if isinstance(source, Path) else ""
-            trace = _careful(text, header, name)
+            header = _header(text.partition("\n")[0], name)
+            trace = _fast(text.encode(), header)
+            if trace is None:
+                trace = _careful(text, header, name)
     except UnicodeDecodeError as exc:
         raise TraceError(f"{name}: not a text CSV file ({exc.reason})") from None
     if not len(trace):

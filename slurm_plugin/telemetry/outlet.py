@@ -79,7 +79,7 @@ class Outlet:
                 "telemetry.relay_refused", job_id=self._job_id, rank=self._rank, error=str(exc)
             )
         if isinstance(current, RelayClient):
-            current.close()
+            self.close(current)
             return None
         return current
 
