@@ -4,11 +4,9 @@ would (pure).
 Several jobs are replayed together in ts order, so node history carries across them; hangs are
 looked for at each chunk boundary, for jobs whose records go on later in the trace, and at the
 end for a job whose records stop inside a step. Each straggler's ``action`` is what
-:func:`decide` answers on the trace's own clock, with the policy's limits (max requeues,
-cooldown, goodput) and the evictions the replay itself decided; what a trace cannot know is
-assumed: the job runs, is requeueable, has no time limit (``assume_remaining_s``), reports no
-checkpoints, the cluster has spare nodes and nothing is paused. The service's re-check of a
-flagged node before acting is not replayed.
+:func:`decide` answers on the trace's own clock (:mod:`slurm_plugin.replay`: time limits and
+checkpoints from the trace's companions, waits resolved at the job's checkpoint, the policy's
+limits and the evictions the replay itself decided).
 """
 
 from __future__ import annotations
@@ -20,12 +18,14 @@ from typing import Any
 import numpy as np
 
 from slurm_plugin.detection import Detector, Event, RecordBatch, StragglerEvent
-from slurm_plugin.model.cluster import MAX_RANKS_PER_NODE, JobInfo, NodeInfo
-from slurm_plugin.policy.decide import ClusterContext, JobContext, decide, is_slowdown
+from slurm_plugin.model.cluster import MAX_RANKS_PER_NODE
+from slurm_plugin.policy.decide import is_slowdown
 from slurm_plugin.policy.history import Incident, NodeHistory, other_jobs, record_incident
-from slurm_plugin.policy.rails import PersistencePolicy, SafetyPolicy
+from slurm_plugin.policy.rails import PersistencePolicy
 from slurm_plugin.policy.schema import Policy
+from slurm_plugin.replay import Replay
 from slurm_plugin.trace import Trace
+from slurm_plugin.trace_meta import TraceContext
 
 CHUNK = 131_072
 
@@ -47,81 +47,8 @@ class BacktestResult:
         return {"detections": self.detections, "persistent_nodes": self.persistent_nodes}
 
 
-@dataclass
-class _Replay:
-    """What the decision engine needs that a trace does not say, and what the replay did.
-    Jobs as running, requeueable, started at their first record, on the nodes they used; the
-    cluster as the trace's nodes plus the spare nodes the rails ask for. Built on the first
-    straggler of a job (a trace without one costs nothing here)."""
-
-    policy: Policy
-    trace: Trace
-    names: list[str]
-    job_codes: np.ndarray
-    safety: SafetyPolicy = field(default_factory=SafetyPolicy)
-    jobs: dict[str, JobInfo] = field(default_factory=dict)
-    cluster: tuple[NodeInfo, ...] = ()
-    evictions: dict[str, list[float]] = field(default_factory=dict)
-
-    def _job(self, name: str) -> JobInfo:
-        if name not in self.jobs:
-            mine = self.job_codes == self.names.index(name)
-            codes = np.flatnonzero(np.bincount(self.trace.node_code[mine])).tolist()
-            nodes = tuple(sorted(self.trace.node_names[c] for c in codes))
-            self.jobs[name] = JobInfo(
-                job_id=name,
-                name="",
-                state="RUNNING",
-                reason="",
-                nodes=nodes,
-                excluded=(),
-                restarts=0,
-                requeue=True,
-                comment="",
-                admin_comment="",
-                partition="trace",
-                node_count=len(nodes),
-                user="",
-                start_time=float(self.trace.ts[mine].min()),
-            )
-        return self.jobs[name]
-
-    def _cluster(self) -> tuple[NodeInfo, ...]:
-        if not self.cluster:
-            spares = [f"spare-{i}" for i in range(self.safety.min_spare_nodes + 1)]
-            names = sorted({*self.trace.node_names, *spares})
-            self.cluster = tuple(NodeInfo(n, "idle", (), "", ("trace",)) for n in names)
-        return self.cluster
-
-    def decide(self, event: StragglerEvent, node_incidents: int = 0) -> dict[str, Any]:
-        """The service's verdict on ``event`` at the event's time; ``node_incidents``: other
-        jobs of the trace that saw the node slow before."""
-        done = self.evictions.setdefault(event.job_id, [])
-        ctx = JobContext(
-            evictions=len(done),
-            last_eviction_ts=done[-1] if done else None,
-            node_incidents=node_incidents,
-        )
-        recent = sum(1 for ts in itertools.chain(*self.evictions.values()) if event.ts - ts < 3600)
-        cluster = ClusterContext(
-            nodes=self._cluster(), evictions_last_hour=recent, safety=self.safety
-        )
-        decision = decide(event, self._job(event.job_id), self.policy, ctx, cluster, event.ts)
-        if decision.action == "evict":
-            done.append(event.ts)
-        return {
-            "action": decision.action,
-            "reasons": decision.reasons,
-            "saved_s": decision.saved_s,
-            "cost_s": decision.cost_s,
-            "lasted_s": decision.lasted_s,
-            "expected_s": decision.expected_s,
-            "lasting_p": decision.lasting_p,
-        }
-
-
 def _detection(
-    event: Event, policy: Policy, replay: _Replay, node_incidents: int = 0
+    event: Event, policy: Policy, replay: Replay, node_incidents: int = 0
 ) -> dict[str, Any]:
     data = event.to_dict()
     if isinstance(event, StragglerEvent):
@@ -150,7 +77,7 @@ def _detection(
             "score": None,
         }
     if isinstance(event, StragglerEvent):
-        row.update(replay.decide(event, node_incidents))
+        replay.decide(event, row, node_incidents)
     else:
         row["action"] = "none" if policy.actions.mode == "off" else "report"
     row["kind"] = event.kind
@@ -159,10 +86,15 @@ def _detection(
 
 
 def run_backtest(
-    trace: Trace, policy: Policy, persistence: PersistencePolicy | None = None
+    trace: Trace,
+    policy: Policy,
+    persistence: PersistencePolicy | None = None,
+    *,
+    context: TraceContext | None = None,
 ) -> BacktestResult:
     """Replay ``trace`` under ``policy``, node history under ``persistence`` (the service's
-    [persistence] setting; its defaults when None)."""
+    [persistence] setting; its defaults when None), the jobs' time limits and checkpoints
+    from ``context`` (the trace's companions; assumed absent when None)."""
     detector = Detector(policy.detection.params())
     hist_params = (persistence or PersistencePolicy()).params()
     histories: dict[str, NodeHistory] = {}
@@ -199,8 +131,9 @@ def run_backtest(
         events += detector.advance(final=end == len(trace))
     events += _hangs_at_the_end(detector, names, last_ts, float(trace.ts[-1]), policy)
     events.sort(key=lambda e: e.ts)
-    replay = _Replay(policy, trace, names, job_codes)
+    replay = Replay(policy, trace, context or TraceContext())
     for event in events:
+        replay.until(event.ts)
         past = 0
         if isinstance(event, StragglerEvent):
             history = histories.get(event.node, NodeHistory(event.node))
@@ -215,6 +148,7 @@ def run_backtest(
                 distinct_users=False,
             )
             histories[node] = transition.history
+    replay.until(np.inf)
     result.persistent_nodes = sorted(n for n, h in histories.items() if h.state == "persistent")
     result.late_records = detector.late_records
     return result

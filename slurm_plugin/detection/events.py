@@ -37,6 +37,9 @@ class StragglerEvent(_Json):
     #: When the slowdown began (unix time): the first step of the run that raised the alarm,
     #: or of the first report when the node is reported again for the same slowdown.
     since_ts: float | None = None
+    #: The share of the job's step time (%) the node costs it: the what-if of the recent
+    #: steps without its ranks (None: unknown, nothing to compare with).
+    job_loss_pct: float | None = None
 
     @property
     def lasted_s(self) -> float:

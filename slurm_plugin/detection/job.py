@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,48 @@ _INPUT_THRESHOLD = 8.0
 #: A chart never holds more than this many thresholds of evidence: over it while a shift
 #: lasts, back under it within a few steps once the shift is over.
 _CAP = 2.0
+
+
+def _node_references(ks: list[F64], ranks: F64, arl: float) -> tuple[list[F64], list[F64]]:
+    """The node charts' references and thresholds per row and node. A node of ``n`` ranks
+    slowed by a shift of d rank-spreads moves its score by d sqrt(n): its reference is the
+    ranks' (half the smallest slowdown worth acting on) times sqrt(n), so a node-wide shift
+    smaller than that minimum never alarms however many ranks carry it."""
+    counts, where = np.unique(ranks, return_inverse=True)
+    where = where.reshape(ranks.shape)
+    rows = np.arange(ranks.shape[0])[:, None]
+    out_k, out_h = [], []
+    for k in ks:
+        scaled = np.sqrt(counts)[:, None] * k[None, :]  # (counts, rows)
+        h = cusum_thresholds(scaled, arl)
+        out_k.append(scaled[where, rows])
+        out_h.append(h[where, rows])
+    return out_k, out_h
+
+
+def _what_if(b: Block) -> tuple[F64, F64]:
+    """Each rank's raw ready time (compute and data loading) and each step's time."""
+    ready = b.compute + np.where(np.isfinite(b.data), b.data, 0.0)
+    return ready, b.step_s if b.step_s.ndim == 1 else row_median(b.step_s)
+
+
+def _job_loss_pct(ready: F64, step: F64, node_ranks: np.ndarray) -> float | None:
+    """The share of the job's step time (%) that the node's ranks cost it over these steps:
+    a synchronous step waits for the slowest rank, so without the node it would end when
+    the slowest of the other ranks is ready (a what-if over the steps, never the node's own
+    slowdown: among many noisy ranks a slower GPU adds only what it exceeds the slowest of
+    the rest by). None when there is nothing to compare with."""
+    rest = np.ones(ready.shape[1], dtype=bool)
+    rest[node_ranks] = False
+    if not rest.any() or not len(ready):
+        return None
+    everyone = np.fmax.reduce(ready, axis=1)
+    without = np.fmax.reduce(np.where(rest[None, :], ready, np.nan), axis=1)
+    gain = np.where(np.isfinite(everyone) & np.isfinite(without), everyone - without, np.nan)
+    ok = np.isfinite(gain) & np.isfinite(step) & (step > 0)
+    if not ok.any():
+        return None
+    return round(100.0 * float(np.sum(np.maximum(gain[ok], 0.0)) / np.sum(step[ok])), 2)
 
 
 def _run_start(scores: F64, k: float) -> int:
@@ -79,6 +121,10 @@ class _Tail:
     excess_compute: F64
     excess_data: F64
     z: F64
+    #: Each rank's raw compute plus data loading (what it brings to the collective), and
+    #: each step's time: the what-if of the job without a node.
+    ready: F64
+    step: F64
     ts: F64
     offset: int = 0
 
@@ -102,6 +148,7 @@ class JobDetector:
         n = len(self.rank_node)
         charts = self.params.charts
         self._spread = math.nan
+        self._node_spread = math.nan
         self._rank_s = np.zeros((charts, n))
         self._node_s = np.zeros((charts, len(self.node_names)))
         self._input_s = np.zeros(n)
@@ -110,6 +157,12 @@ class JobDetector:
         # (node, kind) -> (when its slowdown began, step and time of its last report).
         self._episodes: dict[tuple[str, str], tuple[float, int, float]] = {}
         self._tail: _Tail | None = None
+        # Per kind, the current block's rows x nodes on which every chart of the node was
+        # under its threshold, the block's times; and per kind and node the last such time
+        # before the block.
+        self._calm: dict[str, np.ndarray] = {}
+        self._block_ts = np.zeros(0)
+        self._calm_ts: dict[str, F64] = {}
         self._sync = SyncStallChart(self.params)
         self._alpha = 1.0 - 0.5 ** (1.0 / self.params.spread_halflife_steps)
         self._order = np.argsort(self.rank_node, kind="stable")
@@ -180,42 +233,34 @@ class JobDetector:
         return self._warm_target
 
     def _learn_structure(self) -> None:
-        """At the end of the warm-up: ranks that share a compute offset across several nodes
-        (or a labelled peer group's common offset) are structure, not stragglers: from now on
-        each is compared with its own baseline. A lone rank or a single node that is slow
+        """At the end of the warm-up: a labelled peer group's common offset, ranks that share
+        a compute offset across several nodes, and a local GPU position that is offset on
+        most nodes (each node holds a whole pipeline) are structure, not stragglers: from now
+        on each is compared with its own baseline. A lone rank or a single node that is slow
         from the start stays a straggler."""
         self.learned = True
         p = self.params
         n = np.maximum(self._warm_n, 1)
         base = np.where(self._warm_n > 0, self._warm_log / n, np.nan)
         # Noise is each rank's own step-to-step spread (the cross-rank spread would count the
-        # structure as noise); an offset must stand well above it and above half the minimum.
+        # structure as noise). An offset shared by ranks on several nodes is a mean over all
+        # their warm-up steps: it must stand above four times that mean's error.
         own = np.sqrt(np.maximum(self._warm_log2 / n - base**2, 0.0))
         jitter = float(np.nanmedian(own)) if np.isfinite(own).any() else 0.0
         floor = p.spread_floor_pct / 100.0
-        noise = max(math.log1p(p.min_slowdown_pct / 100.0) / 2.0, 4.0 * max(jitter, floor))
+        shared = max(floor, 4.0 * max(jitter, floor) / math.sqrt(float(np.nanmax(n))))
         groups: list[np.ndarray] = []
         labels = self.rank_group if len(self.rank_group) == self.world else np.full(self.world, -1)
         for label in np.unique(labels[labels >= 0]).tolist():
             members = np.flatnonzero((labels == label) & np.isfinite(base))
             if len(members) >= 3:
-                groups.append(members)
-        unlabelled = np.flatnonzero((labels < 0) & np.isfinite(base) & (np.abs(base) > noise))
-        order = unlabelled[np.argsort(base[unlabelled], kind="stable")]
-        if len(order):
-            values = base[order]
-            gaps = np.diff(values) > np.maximum(noise, 0.25 * np.abs(values[1:]))
-            per_node = np.bincount(self.rank_node, minlength=len(self.node_names))
-            for cluster in np.split(order, np.flatnonzero(gaps) + 1):
-                # A by-design offset covers nodes (a pipeline stage, another GPU model): a node
-                # counts when most of its ranks share it, never for one rank that happens to.
-                inside = np.bincount(self.rank_node[cluster], minlength=len(per_node))
-                nodes = np.flatnonzero(2 * inside > per_node)
-                if len(cluster) >= 2 and len(nodes) >= p.structure_min_nodes:
-                    groups.append(cluster[np.isin(self.rank_node[cluster], nodes)])
+                groups.append(members)  # labelled: always compared within the group
+        unlabelled = np.flatnonzero((labels < 0) & np.isfinite(base) & (np.abs(base) > shared))
+        groups += self._shared_offsets(unlabelled, base, shared)
         for members in groups:
             offset = float(np.median(base[members]))
-            if abs(offset) <= noise:
+            labelled = bool(labels[members[0]] >= 0)
+            if abs(offset) <= (floor if labelled else shared):
                 continue
             self._offset[members] = offset
             self.structure.append(
@@ -228,6 +273,42 @@ class JobDetector:
             )
         self._scale = np.exp(self._offset) if self.structure else None
         self._spread = math.nan  # the spread seen so far included the structure
+
+    def _shared_offsets(self, candidates: np.ndarray, base: F64, shared: float) -> list[np.ndarray]:
+        """Clusters of ``candidates`` with one offset (sorted by offset, split at gaps) that
+        cover whole nodes (most of a node's ranks) on at least ``structure_min_nodes`` nodes,
+        or one local GPU position on most of the job's nodes (and at least as many)."""
+        p = self.params
+        order = candidates[np.argsort(base[candidates], kind="stable")]
+        if not len(order):
+            return []
+        values = base[order]
+        gaps = np.diff(values) > np.maximum(2.0 * shared, 0.25 * np.abs(values[1:]))
+        per_node = np.bincount(self.rank_node, minlength=len(self.node_names))
+        job_nodes = int(np.count_nonzero(per_node))
+        found: list[np.ndarray] = []
+        for cluster in np.split(order, np.flatnonzero(gaps) + 1):
+            if len(cluster) < 2:
+                continue
+            # A by-design offset covers nodes (a pipeline stage, another GPU model): a node
+            # counts when most of its ranks share it, never for one rank that happens to.
+            inside = np.bincount(self.rank_node[cluster], minlength=len(per_node))
+            nodes = np.flatnonzero(2 * inside > per_node)
+            rest = cluster
+            if len(nodes) >= p.structure_min_nodes:
+                whole = np.isin(self.rank_node[cluster], nodes)
+                found.append(cluster[whole])
+                rest = cluster[~whole]
+            if len(self.rank_gpu) != self.world:
+                continue
+            # A local GPU position offset on most nodes: the stage each node holds there.
+            gpus = self.rank_gpu[rest]
+            for gpu in np.unique(gpus).tolist():
+                at = rest[gpus == gpu]
+                spread = len(np.unique(self.rank_node[at]))
+                if spread >= max(p.structure_min_nodes, (job_nodes + 1) // 2):
+                    found.append(at)
+        return found
 
     def _process(self, b: Block) -> list[Event]:
         p = self.params
@@ -272,9 +353,7 @@ class JobDetector:
         # rank gone silent while its chart is high is not reported with nothing to show.
         rank_hit = self._charts(z, ks, hs, live, self._rank_s)
         rank_hit = np.where(np.isfinite(c), rank_hit, 0.0)
-        node_z, node_measured = self._node_scores(z, c)
-        node_hit = self._charts(node_z, ks, hs, live, self._node_s)
-        node_hit = np.where(node_measured, node_hit, 0.0)
+        node_hit = self._node_charts(z, c, ks, live, arl)
 
         med_d = row_median(b.data)
         excess_c = (c - med_c[:, None]) / med_c[:, None]
@@ -285,9 +364,15 @@ class JobDetector:
         self._input_s = input_s[-1] if rows else self._input_s
         input_hit = (input_s > _INPUT_THRESHOLD) & np.isfinite(b.data)
 
-        window = self._window(excess_c, excess_d, z, b.ts)
+        window = self._window(_Tail(excess_c, excess_d, z, *_what_if(b), b.ts))
+        self._block_ts = b.ts
+        self._calm = {
+            "compute": self._calm_rows(np.maximum(rank_hit, 0.0), node_hit),
+            "input": self._calm_rows(input_s / _INPUT_THRESHOLD, None),
+        }
         events: list[Event] = []
         events += self._straggler_events(b, rank_hit, node_hit, input_hit, k_base, window)
+        self._keep_calm()
         warm_done = self.steps_done >= (self._warm_target or 0)
         stall = self._sync.process(b.comm, b.step_s, med_c, warm_rows, valid_rows, warm_done)
         if stall is not None:
@@ -298,52 +383,75 @@ class JobDetector:
     # -- CUSUM banks -------------------------------------------------------------------------
     @staticmethod
     def _charts(scores: F64, ks: list[F64], hs: list[F64], live: np.ndarray, state: F64) -> F64:
-        """Run every chart over the block; return per row and column the largest S/h."""
+        """Run every chart over the block; return per row and column the largest S/h.
+        References and thresholds are per row (one value for every column) or per row and
+        column."""
         ratio = np.zeros_like(scores)
         for i, (k, h) in enumerate(zip(ks, hs, strict=True)):
-            inc = np.where(live[:, None], scores - k[:, None], 0.0)
-            s = cusum(inc, state[i], _CAP * h[:, None])
+            k2, h2 = (k, h) if k.ndim == 2 else (k[:, None], h[:, None])
+            inc = np.where(live[:, None], scores - k2, 0.0)
+            s = cusum(inc, state[i], _CAP * h2)
             if len(s):
                 state[i] = s[-1]
-            ratio = np.maximum(ratio, s / np.where(h > 0, h, np.inf)[:, None])
+            ratio = np.maximum(ratio, s / np.where(h2 > 0, h2, np.inf))
         return ratio
 
-    def _node_scores(self, z: F64, c: F64) -> tuple[F64, np.ndarray]:
-        """Per node: sum of its ranks' scores / sqrt(reporting ranks) (N(0,1) when healthy),
-        and whether any of its ranks reported the step."""
+    def _node_charts(self, z: F64, c: F64, ks: list[F64], live: np.ndarray, arl: float) -> F64:
+        """The node charts' S/h per row and node (0 where no rank of the node measured)."""
+        node_z, node_measured, node_n = self._node_scores(z, c)
+        node_ks, node_hs = _node_references(ks, node_n, arl)
+        node_hit = self._charts(node_z, node_ks, node_hs, live, self._node_s)
+        return np.where(node_measured, node_hit, 0.0)
+
+    def _node_scores(self, z: F64, c: F64) -> tuple[F64, np.ndarray, F64]:
+        """Per node: sum of its ranks' scores / sqrt(reporting ranks) (N(0,1) when healthy,
+        divided by the inflation when its ranks move together), whether any of its ranks
+        reported the step, and how many did."""
         shape = (z.shape[0], len(self.node_names))
         if not len(self.node_names) or not z.shape[1]:
-            return np.zeros(shape), np.zeros(shape, dtype=bool)
+            return np.zeros(shape), np.zeros(shape, dtype=bool), np.ones(shape)
         zs = z[:, self._order]
         present = np.isfinite(c[:, self._order]).astype(np.float64)
         sums = np.add.reduceat(zs, self._node_starts, axis=1)
         counts = np.add.reduceat(present, self._node_starts, axis=1)
+        scores = sums / np.sqrt(np.maximum(counts, 1.0))
         out = np.zeros(shape)
-        out[:, self._node_of_group] = sums / np.sqrt(np.maximum(counts, 1.0))
+        out[:, self._node_of_group] = scores / self._node_inflation(scores)[:, None]
         measured = np.zeros(shape, dtype=bool)
         measured[:, self._node_of_group] = counts > 0
-        return out, measured
+        reporting = np.ones(shape)
+        reporting[:, self._node_of_group] = np.maximum(counts, 1.0)
+        return out, measured, reporting
+
+    def _node_inflation(self, scores: F64) -> F64:
+        """Per row, how much wider the node scores spread across nodes than independent
+        ranks would make them (at least 1). A node's ranks that share one load each step (a
+        tensor-parallel group's sequence lengths) move together: they are one witness, not
+        eight. A robust spread across at least four nodes, smoothed over steps like the
+        ranks' spread, so a single slow node never widens it."""
+        rows = scores.shape[0]
+        if scores.shape[1] < 4 or not rows:
+            return np.ones(rows)
+        med = row_median(scores)
+        wide = row_median(np.abs(scores - med[:, None])) * MAD_TO_SIGMA
+        smooth = ewma(wide, self._alpha, self._node_spread)
+        if np.isfinite(smooth[-1]):
+            self._node_spread = float(smooth[-1])
+        return np.where(np.isfinite(smooth), np.maximum(1.0, np.fmax(smooth, wide)), 1.0)
 
     # -- attribution ---------------------------------------------------------------------------
-    def _window(self, excess_c: F64, excess_d: F64, z: F64, ts: F64) -> _Tail:
+    def _window(self, block: _Tail) -> _Tail:
         """Block rows preceded by the tail of earlier blocks; keeps the new tail."""
         keep = self.params.attribution_steps
-        if self._tail is not None and self._tail.z.shape[1] == z.shape[1]:
+        names = [f.name for f in fields(_Tail) if f.name != "offset"]
+        if self._tail is not None and self._tail.z.shape[1] == block.z.shape[1]:
             joined = _Tail(
-                np.vstack([self._tail.excess_compute, excess_c]),
-                np.vstack([self._tail.excess_data, excess_d]),
-                np.vstack([self._tail.z, z]),
-                np.concatenate([self._tail.ts, ts]),
+                *(np.concatenate([getattr(self._tail, n), getattr(block, n)]) for n in names)
             )
         else:
-            joined = _Tail(excess_c, excess_d, z, ts)
-        joined.offset = joined.z.shape[0] - z.shape[0]
-        self._tail = _Tail(
-            joined.excess_compute[-keep:],
-            joined.excess_data[-keep:],
-            joined.z[-keep:],
-            joined.ts[-keep:],
-        )
+            joined = block
+        joined.offset = joined.z.shape[0] - block.z.shape[0]
+        self._tail = _Tail(*(getattr(joined, n)[-keep:] for n in names))
         return joined
 
     def _straggler_events(
@@ -422,16 +530,59 @@ class JobDetector:
         p = self.params
         return (step - reported[0] >= p.rearm_steps) | (ts - reported[1] >= p.rearm_s)
 
+    def _calm_rows(self, rank_ratio: F64, node_ratio: F64 | None) -> np.ndarray:
+        """Per row and node: every chart of the node (its own and its ranks') is under its
+        threshold, so a slowdown there, if any, has ended."""
+        shape = (rank_ratio.shape[0], len(self.node_names))
+        if not len(self.node_names) or not rank_ratio.shape[1]:
+            return np.ones(shape, dtype=bool)
+        highest = np.maximum.reduceat(rank_ratio[:, self._order], self._node_starts, axis=1)
+        most = np.zeros(shape)
+        most[:, self._node_of_group] = highest
+        if node_ratio is not None:
+            most = np.maximum(most, node_ratio)
+        calm: np.ndarray = most < 1.0
+        return calm
+
+    def _keep_calm(self) -> None:
+        """After a block: each node's last calm step, for the blocks to come."""
+        rows = len(self._block_ts)
+        for kind, calm in self._calm.items():
+            if rows:
+                last = rows - 1 - np.argmax(calm[::-1], axis=0)
+                was = self._calm_ts.get(kind, np.full(calm.shape[1], -np.inf))
+                self._calm_ts[kind] = np.where(calm.any(axis=0), self._block_ts[last], was)
+
+    def _ended_between(self, node: str, kind: str, after: float, before: float) -> bool:
+        """The node's slowdown of ``kind`` ended (every chart of it fell under its threshold)
+        after ``after`` and before ``before``."""
+        index = self.node_names.index(node)
+        calm = self._calm.get(kind)
+        if calm is None:
+            return False
+        ts = self._block_ts
+        if bool(np.any(calm[:, index] & (ts > after) & (ts < before))):
+            return True
+        earlier = self._calm_ts.get(kind)  # up to the end of the previous block
+        return earlier is not None and float(earlier[index]) > after
+
     def _same_episode(self, event: StragglerEvent, kind: str) -> StragglerEvent:
-        """A node reported again within two re-arm periods of its last report is the same
+        """A node reported again within two re-arm periods of its last report, with no step
+        in between on which all its charts were back under their thresholds, is the same
         slowdown going on: it began when that one began (how long a slowdown has lasted is
-        what tells a passing burst from a lasting fault)."""
+        what tells a passing burst from a lasting fault). A slowdown that ended is over: the
+        next one is a new episode, with its own age."""
         key = (event.node, kind)
         previous = self._episodes.get(key)
         since = event.since_ts
         p = self.params
-        if previous is not None and (
-            event.step - previous[1] <= 2 * p.rearm_steps or event.ts - previous[2] <= 2 * p.rearm_s
+        if (
+            previous is not None
+            and (
+                event.step - previous[1] <= 2 * p.rearm_steps
+                or event.ts - previous[2] <= 2 * p.rearm_s
+            )
+            and not self._ended_between(event.node, kind, previous[2], event.ts)
         ):
             since = previous[0] if since is None else min(previous[0], since)
         self._episodes[key] = (since if since is not None else event.ts, event.step, event.ts)
@@ -473,6 +624,7 @@ class JobDetector:
         else:
             ranks = [int(node_ranks[int(np.argmax(mean_z))])]
         slowdown = float(np.nanmean(excess[lo:hi][:, ranks])) * 100.0
+        job_loss = _job_loss_pct(window.ready[lo:hi], window.step[lo:hi], node_ranks)
         # It began when the step before its first slow one ended.
         since = float(window.ts[lo - 1] if lo > 0 else window.ts[lo])
         return StragglerEvent(
@@ -488,4 +640,5 @@ class JobDetector:
             scope="node" if node_wide else "gpu",
             attempt=self.attempt,
             since_ts=since if math.isfinite(since) else None,
+            job_loss_pct=job_loss,
         )

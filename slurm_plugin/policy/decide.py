@@ -22,7 +22,12 @@ class JobContext:
     evictions: int = 0
     last_eviction_ts: float | None = None
     last_checkpoint_ts: float | None = None
+    #: The job reports checkpoints (and did not miss the last one waited for: a wait that
+    #: ran out of ``max_wait_s`` without one makes the job decided on as if it reported
+    #: none, until its next checkpoint).
     reports_checkpoints: bool = False
+    #: The job's checkpoint period as its reported checkpoints show it (None: unknown).
+    checkpoint_period_s: float | None = None
     waiting_since: float | None = None
     #: Other jobs that saw the event's node slow within the persistence window (its past).
     node_incidents: int = 0
@@ -57,10 +62,8 @@ class Decision:
     expected_s: float | None = None
     #: The chance that it lasts for the rest of the job, given its age and the node's past.
     lasting_p: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return asdict(self)
+    #: What the goodput figures were computed from (:class:`Goodput`, as a dict).
+    inputs: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,43 @@ class Outlook:
     lasting_p: float
     #: What is left of the job (its time limit, or the policy's assumption).
     remaining_s: float
+    remaining_from: str = "time limit"
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """Evicting's expected saving against its cost, and their inputs (job seconds: the
+    whole job waits for its slowest rank, so both scale with its GPUs alike)."""
+
+    saved_s: float
+    cost_s: float
+    #: The share of the job's step time the node costs (%), and where it came from: the
+    #: what-if of the job's recent steps without the node, or the rank's own slowdown when
+    #: the detector could not say.
+    share_pct: float
+    share_from: str
+    remaining_s: float
+    remaining_from: str
+    restart_cost_s: float
+    lost_work_s: float
+    #: How long until the next checkpoint, when the policy evicts after one (the slowdown
+    #: goes on until then).
+    checkpoint_wait_s: float
+
+
+def _on(lasted: float, scale: float) -> float:
+    """The chance that a passing slowdown is still on after ``lasted`` seconds. Passing
+    slowdowns have heavy-tailed lengths (Pareto II, shape 1, scale ``transient_s``): half
+    pass within ``transient_s``, and one that has lasted L is as likely as not to last
+    another L + ``transient_s`` (bursts of seconds, fail-slow episodes of an hour)."""
+    return scale / (scale + lasted)
+
+
+def _passing_left(lasted: float, horizon: float, scale: float) -> float:
+    """How much longer a passing slowdown still on after ``lasted`` is expected to go on,
+    within ``horizon`` seconds: the integral of its survival, (s + L) ln(1 + H / (s + L))."""
+    age = scale + lasted
+    return age * math.log1p(max(0.0, horizon) / age)
 
 
 def outlook(
@@ -79,65 +119,100 @@ def outlook(
 ) -> Outlook:
     """Expected remaining duration of the slowdown. Two kinds of slowdown: one that lasts for
     the rest of the job (a fault; prior ``persistent_prior``, raised by each other job that saw
-    the node slow: ``1 - (1 - prior) / (1 + incidents)``) and a burst that passes, its length
-    exponential with mean ``transient_s``. Having lasted ``L`` seconds, a burst is still on
-    with probability ``exp(-L / transient_s)``, so the chance that it is a lasting one grows
-    with ``L`` (Bayes); a burst still on lasts ``transient_s`` more on average."""
+    the node slow: ``1 - (1 - prior) / (1 + incidents)``) and one that passes, with a
+    heavy-tailed length (:func:`_on`). Having lasted ``L`` seconds, the chance that it is a
+    lasting one grows with ``L`` (Bayes), and so does how long a passing one still goes on."""
     actions = policy.actions
-    remaining = job_remaining_s(job, policy, now)
+    remaining, source = job_remaining(job, policy, now)
     lasted = max(0.0, now - event.since_ts) if event.since_ts is not None else 0.0
     prior = 1.0 - (1.0 - actions.persistent_prior) / (1.0 + max(0, ctx.node_incidents))
-    burst_on = math.exp(-lasted / actions.transient_s)
-    lasting = prior / (prior + (1.0 - prior) * burst_on)
-    expected = lasting * remaining + (1.0 - lasting) * min(actions.transient_s, remaining)
-    return Outlook(lasted, expected, lasting, remaining)
+    on = _on(lasted, actions.transient_s)
+    lasting = prior / (prior + (1.0 - prior) * on)
+    passing = _passing_left(lasted, remaining, actions.transient_s)
+    expected = lasting * remaining + (1.0 - lasting) * passing
+    return Outlook(lasted, expected, lasting, remaining, source)
 
 
-def _not_sure_yet(event: StragglerEvent, ahead: Outlook, cost: float, policy: Policy) -> str | None:
-    """Why evicting now is premature although it pays on average, or None. Waiting one
-    ``transient_s`` more costs the slowdown's share of the slow time in that window (all of
-    it if the slowdown lasts, until it passes if a burst); evicting now wastes the requeue if
-    the slowdown would have passed within it. While the second is larger, wait and decide
-    again at the node's next report."""
-    mean = policy.actions.transient_s
-    window = min(mean, ahead.remaining_s)
-    share = _share(event)
+def _not_sure_yet(
+    event: StragglerEvent, ahead: Outlook, gain: Goodput, policy: Policy
+) -> str | None:
+    """Why evicting now is premature although it pays on average, or None. Waiting a while
+    longer (as long as the slowdown has lasted, and at least ``transient_s``) costs the
+    slowdown's share of the slow time in that window; evicting now wastes the requeue if the
+    slowdown would have passed within it. While the second is larger, wait and decide again
+    at the node's next report."""
+    scale = policy.actions.transient_s
+    window = min(scale + ahead.lasted_s, ahead.remaining_s)
     lasting = ahead.lasting_p
-    ends = 1.0 - math.exp(-window / mean)  # a burst still on ends within the window
-    slow_time = lasting * window + (1.0 - lasting) * mean * ends
-    waiting = share * slow_time
+    age = scale + ahead.lasted_s
+    ends = window / (age + window)  # a passing one still on ends within the window
+    slow_time = lasting * window + (1.0 - lasting) * _passing_left(ahead.lasted_s, window, scale)
+    waiting = gain.share_pct / 100.0 * slow_time
     passes = (1.0 - lasting) * ends
-    if cost * passes <= waiting:
+    if gain.cost_s * passes <= waiting:
         return None
     return (
         f"not sure yet: waiting {window:.0f} s more costs {waiting:.0f} s if it lasts; "
-        f"evicting now wastes the {cost:.0f} s requeue if it passes ({passes:.0%} likely)"
+        f"evicting now wastes the {gain.cost_s:.0f} s requeue if it passes ({passes:.0%} likely)"
     )
 
 
-def _share(event: StragglerEvent) -> float:
-    """The share of the job's time the slowdown wastes (+100 % slower: half of it)."""
+def _share(event: StragglerEvent) -> tuple[float, str]:
+    """The share of the job's time the slowdown wastes (%): the job's what-if when the
+    detector gave one, else the rank's own slowdown (+100 % slower: half of it)."""
+    if event.job_loss_pct is not None and math.isfinite(event.job_loss_pct):
+        return max(0.0, event.job_loss_pct), "the job's steps without the node"
     slowdown = max(0.0, event.slowdown_pct) / 100.0
-    return slowdown / (1.0 + slowdown)
+    return 100.0 * slowdown / (1.0 + slowdown), "the rank's slowdown"
 
 
-def job_remaining_s(job: JobInfo, policy: Policy, now: float) -> float:
-    """The job's remaining run: to its time limit, or the policy's assumption without one."""
+def job_remaining(job: JobInfo, policy: Policy, now: float) -> tuple[float, str]:
+    """The job's remaining run: to its time limit, or the policy's assumption without one;
+    and which of the two it is."""
     if job.time_limit_s is not None and job.start_time is not None:
-        return max(0.0, job.start_time + job.time_limit_s - now)
-    return policy.actions.assume_remaining_s
+        return max(0.0, job.start_time + job.time_limit_s - now), "time limit"
+    return policy.actions.assume_remaining_s, "assumed (no time limit)"
 
 
 def goodput(
     event: StragglerEvent, job: JobInfo, ctx: JobContext, policy: Policy, now: float, ahead: Outlook
-) -> tuple[float, float]:
-    """(expected seconds saved by evicting, seconds the restart costs): the slowdown's share
-    of the time ``ahead`` expects it to go on, against the restart and the work since the
-    last checkpoint."""
-    saved = ahead.expected_s * _share(event)
+) -> Goodput:
+    """Evicting's expected saving, the share of the job's time the node costs over the time
+    ``ahead`` expects the slowdown to go on, against its cost: the restart and the work since
+    the last checkpoint. When the policy evicts after the job's next checkpoint, waiting for
+    it loses no work but leaves the slowdown on until then (the period the job's checkpoints
+    show, else half of ``max_wait_s``): :func:`decide` waits only when that is the cheaper."""
+    share, source = _share(event)
+    actions = policy.actions
     since = ctx.last_checkpoint_ts if ctx.last_checkpoint_ts is not None else job.start_time
     lost = max(0.0, now - since) if since is not None else 0.0
-    return saved, policy.actions.restart_cost_s + lost
+    wait = 0.0
+    if checkpoint_wait(policy, ctx):
+        wait = actions.max_wait_s / 2.0
+        if ctx.checkpoint_period_s is not None and ctx.last_checkpoint_ts is not None:
+            due = ctx.last_checkpoint_ts + ctx.checkpoint_period_s - now
+            wait = min(actions.max_wait_s, due) if due > 0 else wait
+        if lost <= share / 100.0 * wait:
+            wait = 0.0  # cheaper to lose the little work since the last checkpoint
+        else:
+            lost = 0.0
+    saved = share / 100.0 * max(0.0, ahead.expected_s - wait)
+    return Goodput(
+        saved_s=saved,
+        cost_s=actions.restart_cost_s + lost,
+        share_pct=round(share, 2),
+        share_from=source,
+        remaining_s=round(ahead.remaining_s, 1),
+        remaining_from=ahead.remaining_from,
+        restart_cost_s=actions.restart_cost_s,
+        lost_work_s=round(lost, 1),
+        checkpoint_wait_s=round(wait, 1),
+    )
+
+
+def checkpoint_wait(policy: Policy, ctx: JobContext) -> bool:
+    """The policy evicts after the job's next checkpoint, and the job reports checkpoints."""
+    return policy.actions.when == "after_checkpoint" and ctx.reports_checkpoints
 
 
 def _usable_after_exclusion(job: JobInfo, node: str, nodes: tuple[NodeInfo, ...]) -> int:
@@ -238,7 +313,8 @@ def decide(
     if node not in job.nodes:
         return Decision("none", node, [f"{node} is not one of the job's nodes"])
     ahead = outlook(event, job, ctx, policy, now)
-    saved, cost = goodput(event, job, ctx, policy, now, ahead)
+    gain = goodput(event, job, ctx, policy, now, ahead)
+    saved, cost = gain.saved_s, gain.cost_s
 
     def verdict(action: Action, reasons: list[str], on_hold: bool = False) -> Decision:
         return Decision(
@@ -251,6 +327,7 @@ def decide(
             ahead.lasted_s,
             ahead.expected_s,
             ahead.lasting_p,
+            asdict(gain),
         )
 
     why = (
@@ -261,13 +338,13 @@ def decide(
     if saved <= cost:
         reasons.append(f"goodput: evicting saves {saved:.0f} s but costs {cost:.0f} s ({why})")
     else:
-        unsure = _not_sure_yet(event, ahead, cost, policy)
+        unsure = _not_sure_yet(event, ahead, gain, policy)
         reasons += [f"{unsure} ({why})"] if unsure else []
     switches = _switches(cluster)
     if reasons or switches:
         return verdict(note, reasons + switches, on_hold=not reasons and not cluster.dry_run)
     waited = now - ctx.waiting_since if ctx.waiting_since is not None else 0.0
-    if policy.actions.when == "after_checkpoint" and ctx.reports_checkpoints:
+    if checkpoint_wait(policy, ctx) and gain.checkpoint_wait_s > 0:
         if waited < policy.actions.max_wait_s:
             return verdict("wait", ["waiting for the job's next checkpoint"])
         reasons.append(f"no checkpoint within {policy.actions.max_wait_s:.0f} s: evicting")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.model.columns import decode_entries
 from slurm_plugin.service.evidence import EvidenceFilter
 from slurm_plugin.service.metrics import Metrics
+from slurm_plugin.service.record import number
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.telemetry import credentials
 from slurm_plugin.telemetry.store import Seen, TelemetryStore
@@ -148,14 +150,22 @@ class Ingest:
         return Kept(len(kept), len(np.unique(kept.rank))), len(batch) - len(kept)
 
     def events(self, job: JobInfo) -> None:
-        """Note the job's newest checkpoint (and that it reports checkpoints at all)."""
-        cursor = self.state.job(job.job_id).get("events_cursor", "0-0")
+        """Note the job's newest checkpoint (and that it reports checkpoints at all), and
+        the period between its checkpoints (the goodput rule's wait for the next one)."""
+        job_state = self.state.job(job.job_id)
+        cursor = job_state.get("events_cursor", "0-0")
         events, cursor = self.store.read_events(job.job_id, cursor)
         update: dict[str, Any] = {"events_cursor": cursor}
         ends = [e["ts"] for e in events if e.get("name") == "checkpoint_end"]
         checkpoints = [t for t in ends if isinstance(t, int | float) and math.isfinite(t)]
         if checkpoints:  # a forged or broken ts is ignored, never fatal to the cycle
-            update.update(last_checkpoint_ts=f"{max(checkpoints):.3f}", reports_checkpoints="1")
+            newest = max(checkpoints)
+            update.update(last_checkpoint_ts=f"{newest:.3f}", reports_checkpoints="1")
+            previous = number(job_state.get("last_checkpoint_ts"))
+            earlier = sorted({*checkpoints, *([previous] if previous is not None else [])})
+            gaps = [b - a for a, b in itertools.pairwise(earlier) if b > a]
+            if gaps:
+                update["checkpoint_period_s"] = f"{statistics.median(gaps):.3f}"
         self.state.update_job(job.job_id, **update)
 
     def sweep_credentials(self, known: set[str], now: float, every_s: float = 30.0) -> None:

@@ -218,7 +218,12 @@ class Service:
             evictions=int(job_state.get("evictions", "0") or 0),
             last_eviction_ts=num("last_eviction_ts"),
             last_checkpoint_ts=num("last_checkpoint_ts"),
-            reports_checkpoints=job_state.get("reports_checkpoints") == "1",
+            reports_checkpoints=job_state.get("reports_checkpoints") == "1"
+            and not (
+                num("wait_expired_ts") is not None
+                and (num("last_checkpoint_ts") or 0.0) <= (num("wait_expired_ts") or 0.0)
+            ),
+            checkpoint_period_s=num("checkpoint_period_s"),
             waiting_since=num("waiting_since"),
         )
 
@@ -384,6 +389,10 @@ class Service:
             expired = now - (ctx.waiting_since or now) >= policy.actions.max_wait_s
         if not (checkpointed or expired):
             return
+        if expired and not checkpointed and rec.get("waiting_for") != "resume":
+            # No checkpoint within max_wait_s: decide on the job as if it reported none until
+            # its next one (else every report would wait max_wait_s again).
+            self.state.update_job(job.job_id, wait_expired_ts=f"{now:.3f}")
         # Of the nodes flagged while waiting, the one slowest in the newest steps.
         flagged_at = int(rec.get("step", "0") or 0)
         node, ranks = self._recheck.slowest(job, candidates(rec), since_step=flagged_at)
@@ -401,6 +410,7 @@ class Service:
             cause="compute",
             scope="gpu",
             since_ts=number(rec.get("since_ts")),
+            job_loss_pct=number(rec.get("job_loss_pct")),
         )
         past = self._node_incidents(node, job, now)
         again = decide(

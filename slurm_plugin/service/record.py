@@ -34,6 +34,8 @@ def decision_record(
         "lasted_s": rounded(decision.lasted_s),
         "expected_s": rounded(decision.expected_s),
         "lasting_p": rounded(decision.lasting_p, 3),
+        "job_loss_pct": event.job_loss_pct,
+        "goodput_inputs": decision.inputs,
         "node_incidents": node_incidents,
     }
 

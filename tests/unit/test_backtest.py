@@ -202,8 +202,8 @@ def test_the_actions_are_the_services_decisions(tmp_path: Path) -> None:
     """Issue 14: the backtest's action comes from decide() on the trace's clock: a +5 % GPU
     does not pay for a requeue (goodput, no checkpoint reported); a +30 % one is reported
     every 30 s (~48 steps), not evicted while it may still pass, evicted once it has lasted
-    a few minutes, and in the eviction's cooldown after that (the trace goes on as recorded);
-    a policy that only observes records."""
+    a few minutes, and out of the job after that (the trace goes on as recorded, the replay
+    knows the node was excluded); a policy that only observes records."""
     small = generate(JobSpec("61", 64, 300, seed=2, compute_slow={12: step_change(0.05, 100)}))
     large = generate(
         JobSpec("62", 64, 1000, seed=3, compute_slow={40: step_change(0.30, 50)}, start_ts=1.7e9)
@@ -230,7 +230,10 @@ def test_the_actions_are_the_services_decisions(tmp_path: Path) -> None:
     assert 150 <= reports[evicted]["lasted_s"] <= 300
     assert reports[evicted]["saved_s"] > reports[evicted]["cost_s"]
     assert reports[evicted]["lasting_p"] > 0.95
-    assert all(d["reasons"][0].startswith("cooldown") for d in reports[evicted + 1 :])
+    later = reports[evicted + 1 :]
+    assert later
+    assert all(d["reasons"] == ["evicted from the job before"] for d in later)
+    assert all(d["action"] == "none" for d in later)
     observe = CliRunner().invoke(
         cli, ["backtest", str(path), "--json", "--policy", str(REPO / "policies/observe.toml")]
     )

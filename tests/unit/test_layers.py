@@ -24,8 +24,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("detection",),  # the pure core ...
     ("policy",),  # ... and what it decides with
     ("config",),
-    ("slurm", "telemetry", "trace"),  # adapters: Slurm, Redis, trace files
-    ("health",),  # the prolog and epilog
+    ("slurm", "telemetry", "trace", "trace_meta"),  # adapters: Slurm, Redis, trace files
+    ("health", "replay"),  # the prolog and epilog; the backtest's decisions
     ("service", "backtest"),
     ("testing", "devcluster"),
     ("demo",),

@@ -1,0 +1,220 @@
+"""The backtest's decisions: :func:`decide` on the trace's clock, as the service decides.
+
+The jobs are what the trace and its companions (:mod:`slurm_plugin.trace_meta`) say: running,
+requeueable, started at ``start_ts`` (else at their first record), with a time limit when
+``end_limit_ts`` is given, reporting checkpoints when ``checkpoint_end`` events are given. The
+cluster is the trace's nodes plus the spare nodes the rails ask for; nothing is paused.
+
+A ``wait`` (``when = after_checkpoint``) is resolved as the service resolves it: at the job's
+next checkpoint, or once ``max_wait_s`` has passed, the node is evicted if it is still slow
+(the detector reported it within the last two re-arm periods) and the verdict still says so;
+a wait still open when the job's records end stays ``wait``. After an eviction the node is
+out of the job: later reports of it there are ``none`` (the trace goes on as recorded).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from slurm_plugin.detection import StragglerEvent
+from slurm_plugin.detection.params import DetectionParams
+from slurm_plugin.model.cluster import JobInfo, NodeInfo
+from slurm_plugin.policy.decide import ClusterContext, Decision, JobContext, decide
+from slurm_plugin.policy.rails import SafetyPolicy
+from slurm_plugin.policy.schema import Policy
+from slurm_plugin.trace import Trace
+from slurm_plugin.trace_meta import TraceContext
+
+
+@dataclass
+class _Waiting:
+    """A decision waiting for the job's checkpoint."""
+
+    row: dict[str, Any]
+    event: StragglerEvent
+    since: float
+    node_incidents: int
+
+
+@dataclass
+class Replay:
+    """What the decision engine needs that a trace does not say, and what the replay did."""
+
+    policy: Policy
+    trace: Trace
+    context: TraceContext = field(default_factory=TraceContext)
+    safety: SafetyPolicy = field(default_factory=SafetyPolicy)
+    jobs: dict[str, JobInfo] = field(default_factory=dict)
+    cluster: tuple[NodeInfo, ...] = ()
+    evictions: dict[str, list[float]] = field(default_factory=dict)
+    excluded: dict[str, set[str]] = field(default_factory=dict)
+    waiting: dict[str, _Waiting] = field(default_factory=dict)
+    #: Per (job, node), when the detector reported it (the replay's re-check).
+    reported: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    last_ts: dict[str, float] = field(default_factory=dict)
+    #: Per job, when a wait ran out without a checkpoint.
+    missed: dict[str, float] = field(default_factory=dict)
+    step_s: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        codes = self.trace.job_code
+        last = np.full(len(self.trace.job_names), -np.inf)
+        np.maximum.at(last, codes, self.trace.ts)
+        self.last_ts = dict(zip(self.trace.job_names, last.tolist(), strict=True))
+        self._params = DetectionParams(**self.policy.detection.model_dump())
+
+    def _job(self, name: str) -> JobInfo:
+        if name not in self.jobs:
+            mine = self.trace.job_code == self.trace.job_names.index(name)
+            codes = np.flatnonzero(np.bincount(self.trace.node_code[mine])).tolist()
+            nodes = tuple(sorted(self.trace.node_names[c] for c in codes))
+            facts = self.context.jobs.get(name)
+            start = float(self.trace.ts[mine].min())
+            if facts is not None and facts.start_ts is not None:
+                start = min(start, facts.start_ts)
+            limit = None
+            if facts is not None and facts.end_limit_ts is not None:
+                limit = max(0.0, facts.end_limit_ts - start)
+            self.jobs[name] = JobInfo(
+                job_id=name,
+                name="",
+                state="RUNNING",
+                reason="",
+                nodes=nodes,
+                excluded=(),
+                restarts=0,
+                requeue=True,
+                comment="",
+                admin_comment="",
+                partition="trace",
+                node_count=len(nodes),
+                user="",
+                time_limit_s=limit,
+                start_time=start,
+            )
+        return self.jobs[name]
+
+    def _step(self, job_id: str) -> float:
+        """The job's typical step time (its first records)."""
+        if job_id not in self.step_s:
+            mine = self.trace.job_code == self.trace.job_names.index(job_id)
+            self.step_s[job_id] = float(np.median(self.trace.step_s[mine][:10_000]))
+        return self.step_s[job_id]
+
+    def _cluster(self) -> tuple[NodeInfo, ...]:
+        if not self.cluster:
+            spares = [f"spare-{i}" for i in range(self.safety.min_spare_nodes + 1)]
+            names = sorted({*self.trace.node_names, *spares})
+            self.cluster = tuple(NodeInfo(n, "idle", (), "", ("trace",)) for n in names)
+        return self.cluster
+
+    def _context(self, job_id: str, now: float, node_incidents: int) -> JobContext:
+        done = self.evictions.get(job_id, [])
+        checkpoints = self.context.checkpoints(job_id)
+        known = checkpoints[: bisect.bisect_right(checkpoints, now)]
+        waiting = self.waiting.get(job_id)
+        missed = self.missed.get(job_id)
+        overdue = missed is not None and (not known or known[-1] <= missed)
+        return JobContext(
+            evictions=len(done),
+            last_eviction_ts=done[-1] if done else None,
+            last_checkpoint_ts=known[-1] if known else None,
+            reports_checkpoints=bool(checkpoints) and not overdue,
+            checkpoint_period_s=_period(known),
+            waiting_since=waiting.since if waiting else None,
+            node_incidents=node_incidents,
+        )
+
+    def _verdict(
+        self, event: StragglerEvent, now: float, ctx: JobContext
+    ) -> tuple[Decision, JobInfo]:
+        recent = sum(1 for ts in itertools.chain(*self.evictions.values()) if now - ts < 3600)
+        cluster = ClusterContext(
+            nodes=self._cluster(), evictions_last_hour=recent, safety=self.safety
+        )
+        job = self._job(event.job_id)
+        gone = tuple(sorted(self.excluded.get(event.job_id, ())))
+        if gone:
+            kept = tuple(n for n in job.nodes if n not in gone)
+            job = replace(job, nodes=kept, excluded=gone)
+        return decide(event, job, self.policy, ctx, cluster, now), job
+
+    def decide(self, event: StragglerEvent, row: dict[str, Any], node_incidents: int = 0) -> None:
+        """Put the service's verdict on ``event`` at its time into its detection ``row`` (a
+        wait's row is completed when the wait is resolved); ``node_incidents``: other jobs of
+        the trace that saw the node slow before."""
+        self.reported.setdefault((event.job_id, event.node), []).append(event.ts)
+        if event.node in self.excluded.get(event.job_id, ()):
+            row.update(action="none", reasons=["evicted from the job before"])
+            return
+        if event.job_id in self.waiting:
+            row.update(action="wait", reasons=["a decision already waits for the checkpoint"])
+            return
+        ctx = self._context(event.job_id, event.ts, node_incidents)
+        decision, _ = self._verdict(event, event.ts, ctx)
+        row.update(_row(decision))
+        if decision.action == "evict":
+            self._evicted(event, event.ts)
+        elif decision.action == "wait":
+            self.waiting[event.job_id] = _Waiting(row, event, event.ts, node_incidents)
+
+    def _evicted(self, event: StragglerEvent, ts: float) -> None:
+        self.evictions.setdefault(event.job_id, []).append(ts)
+        self.excluded.setdefault(event.job_id, set()).add(event.node)
+
+    def until(self, now: float) -> None:
+        """Resolve every wait whose checkpoint came, or whose ``max_wait_s`` ran out, by
+        ``now`` (and before the job's records end)."""
+        for job_id in list(self.waiting):
+            w = self.waiting[job_id]
+            checkpoints = self.context.checkpoints(job_id)
+            after = checkpoints[bisect.bisect_right(checkpoints, w.since) :]
+            due = min(after[0] if after else np.inf, w.since + self.policy.actions.max_wait_s)
+            if due <= min(now, self.last_ts[job_id]):
+                self._resolve(
+                    job_id, w, float(due), "checkpoint" if after and after[0] == due else "max wait"
+                )
+
+    def _resolve(self, job_id: str, w: _Waiting, now: float, after: str) -> None:
+        del self.waiting[job_id]
+        if after == "max wait":
+            self.missed[job_id] = now
+        reports = self.reported.get((job_id, w.event.node), [])
+        p = self._params
+        window = 2 * min(p.rearm_s, p.rearm_steps * self._step(job_id))
+        still = any(now - window <= ts <= now for ts in reports)
+        ctx = replace(self._context(job_id, now, w.node_incidents), reports_checkpoints=False)
+        decision, _ = self._verdict(w.event, now, ctx)
+        w.row["waited_s"] = round(now - w.since, 3)
+        if decision.action == "evict" and still:
+            self._evicted(w.event, now)
+            w.row.update(_row(decision), action="evict", acted_ts=now, after=after)
+        else:
+            recovered = f"recovered while waiting: not reported in the {window:.0f} s before"
+            why = decision.reasons if decision.action != "evict" else [f"{recovered} the {after}"]
+            w.row.update(action="none", reasons=[*w.row["reasons"], *why])
+
+
+def _row(decision: Decision) -> dict[str, Any]:
+    return {
+        "action": decision.action,
+        "reasons": decision.reasons,
+        "saved_s": decision.saved_s,
+        "cost_s": decision.cost_s,
+        "lasted_s": decision.lasted_s,
+        "expected_s": decision.expected_s,
+        "lasting_p": decision.lasting_p,
+        "inputs": decision.inputs,
+    }
+
+
+def _period(checkpoints: list[float]) -> float | None:
+    """The job's checkpoint period as its checkpoints so far show it (None: unknown)."""
+    if len(checkpoints) < 2:
+        return None
+    return float(np.median(np.diff(checkpoints[-8:])))
