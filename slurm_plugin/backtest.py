@@ -143,7 +143,14 @@ def run_backtest(
             node = event.node
             transition = record_incident(
                 histories.get(node, NodeHistory(node)),
-                Incident(event.job_id, event.ts, event.slowdown_pct, event.cause),
+                Incident(
+                    event.job_id,
+                    event.ts,
+                    event.slowdown_pct,
+                    event.cause,
+                    since_ts=event.since_ts,
+                    lasted_s=event.lasted_s,
+                ),
                 hist_params,
                 distinct_users=False,
             )

@@ -7,7 +7,7 @@ cluster is the trace's nodes plus the spare nodes the rails ask for; nothing is 
 
 A ``wait`` (``when = after_checkpoint``) is resolved as the service resolves it: at the job's
 next checkpoint, or once ``max_wait_s`` has passed, the node is evicted if it is still slow
-(the detector reported it within the last two re-arm periods) and the verdict still says so;
+(the service's re-check, on the trace's newest steps up to then) and the verdict still says so;
 a wait still open when the job's records end stays ``wait``. After an eviction the node is
 out of the job: later reports of it there are ``none`` (the trace goes on as recorded).
 """
@@ -54,8 +54,6 @@ class Replay:
     evictions: dict[str, list[float]] = field(default_factory=dict)
     excluded: dict[str, set[str]] = field(default_factory=dict)
     waiting: dict[str, _Waiting] = field(default_factory=dict)
-    #: Per (job, node), when the detector reported it (the replay's re-check).
-    reported: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     last_ts: dict[str, float] = field(default_factory=dict)
     #: Per job, when a wait ran out without a checkpoint.
     missed: dict[str, float] = field(default_factory=dict)
@@ -98,6 +96,36 @@ class Replay:
                 start_time=start,
             )
         return self.jobs[name]
+
+    def _recent_slowdown_pct(
+        self, event: StragglerEvent, now: float, steps: int = 20
+    ) -> float | None:
+        """The service's re-check before an eviction, on the trace: how much longer the
+        event's ranks (its node's, when node-wide) computed than the ranks on other nodes over
+        the job's newest ``steps`` steps up to ``now``, the median of the per-step ratios of
+        medians (:func:`slurm_plugin.detection.recheck.recent_slowdown_pct`)."""
+        trace = self.trace
+        span = 4 * steps * self._step(event.job_id)
+        lo, hi = np.searchsorted(trace.ts, [now - span, now], side="right")
+        part = slice(int(lo), int(hi))
+        mine_job = trace.job_code[part] == trace.job_names.index(event.job_id)
+        if not mine_job.any():
+            return None
+        step = trace.step[part][mine_job]
+        compute = trace.compute_s[part][mine_job]
+        on_node = trace.node_code[part][mine_job] == trace.node_names.index(event.node)
+        mine = on_node & (
+            np.isin(trace.rank[part][mine_job], event.ranks)
+            if event.scope == "gpu"
+            else True
+        )
+        ratios = []
+        for s in np.unique(step)[::-1][:steps].tolist():
+            at = (step == s) & np.isfinite(compute)
+            own, peers = compute[at & mine], compute[at & ~on_node]
+            if len(own) and len(peers) and np.median(peers) > 0:
+                ratios.append(float(np.median(own) / np.median(peers)))
+        return (float(np.median(ratios)) - 1.0) * 100.0 if ratios else None
 
     def _step(self, job_id: str) -> float:
         """The job's typical step time (its first records)."""
@@ -148,7 +176,6 @@ class Replay:
         """Put the service's verdict on ``event`` at its time into its detection ``row`` (a
         wait's row is completed when the wait is resolved); ``node_incidents``: other jobs of
         the trace that saw the node slow before."""
-        self.reported.setdefault((event.job_id, event.node), []).append(event.ts)
         if event.node in self.excluded.get(event.job_id, ()):
             row.update(action="none", reasons=["evicted from the job before"])
             return
@@ -184,10 +211,8 @@ class Replay:
         del self.waiting[job_id]
         if after == "max wait":
             self.missed[job_id] = now
-        reports = self.reported.get((job_id, w.event.node), [])
-        p = self._params
-        window = 2 * min(p.rearm_s, p.rearm_steps * self._step(job_id))
-        still = any(now - window <= ts <= now for ts in reports)
+        recent = self._recent_slowdown_pct(w.event, now)
+        still = recent is not None and recent >= self.policy.detection.min_slowdown_pct
         ctx = replace(self._context(job_id, now, w.node_incidents), reports_checkpoints=False)
         decision, _ = self._verdict(w.event, now, ctx)
         w.row["waited_s"] = round(now - w.since, 3)
@@ -195,8 +220,9 @@ class Replay:
             self._evicted(w.event, now)
             w.row.update(_row(decision), action="evict", acted_ts=now, after=after)
         else:
-            recovered = f"recovered while waiting: not reported in the {window:.0f} s before"
-            why = decision.reasons if decision.action != "evict" else [f"{recovered} the {after}"]
+            seen = "no recent steps" if recent is None else f"+{recent:.1f}% in the newest steps"
+            recovered = f"recovered while waiting: {seen} at the {after}"
+            why = decision.reasons if decision.action != "evict" else [recovered]
             w.row.update(action="none", reasons=[*w.row["reasons"], *why])
 
 

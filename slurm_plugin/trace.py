@@ -127,6 +127,36 @@ class Trace:
         return Trace(**values)
 
 
+def concat_traces(traces: list[Trace]) -> Trace:
+    """One trace of several (names merged, records in ts order): node history then carries
+    across all of them, as the service's does across jobs."""
+    if len(traces) == 1:
+        return traces[0]
+    merged: dict[str, Any] = {}
+    for f in fields(Trace):
+        if f.name.endswith("_names"):
+            merged[f.name] = sorted({n for t in traces for n in getattr(t, f.name)})
+    for f in fields(Trace):
+        if f.name.endswith("_names"):
+            continue
+        if f.name.endswith("_code"):
+            names = f.name.replace("_code", "_names")
+            table = merged[names]
+            parts = [
+                np.searchsorted(table, np.asarray(getattr(t, names), dtype=object))[
+                    getattr(t, f.name)
+                ].astype(np.int64)
+                if len(getattr(t, names))
+                else getattr(t, f.name)
+                for t in traces
+            ]
+        else:
+            parts = [getattr(t, f.name) for t in traces]
+        merged[f.name] = np.concatenate(parts)
+    trace = Trace(**merged)
+    return trace.take(np.argsort(trace.ts, kind="stable"))
+
+
 def _decode(names: list[str], codes: np.ndarray) -> np.ndarray:
     table: np.ndarray = np.asarray(names, dtype=object)
     out: np.ndarray = table[codes]

@@ -64,6 +64,19 @@ class TraceContext:
         return notes
 
 
+def merge_contexts(contexts: list[TraceContext]) -> TraceContext:
+    """One context of several traces' (a job in several keeps its last facts, and all its
+    events in ts order)."""
+    merged = TraceContext()
+    for context in contexts:
+        merged.jobs.update(context.jobs)
+        for job, events in context.events.items():
+            merged.events.setdefault(job, []).extend(events)
+    for events in merged.events.values():
+        events.sort()
+    return merged
+
+
 def companion(trace_path: Path, kind: str) -> Path:
     """``TRACE.<kind>.csv`` beside ``TRACE.csv``."""
     return trace_path.with_name(f"{trace_path.stem}.{kind}.csv")

@@ -55,6 +55,11 @@ def _node_references(ks: list[F64], ranks: F64, arl: float) -> tuple[list[F64], 
     return out_k, out_h
 
 
+#: Steps between false "the slowdown ended" of a chart that watches a shift go away (a false
+#: end only splits an episode: it costs far less than a false alarm, so it may come sooner).
+_END_ARL = 1e4
+
+
 def _what_if(b: Block) -> tuple[F64, F64]:
     """Each rank's raw ready time (compute and data loading) and each step's time."""
     ready = b.compute + np.where(np.isfinite(b.data), b.data, 0.0)
@@ -151,11 +156,14 @@ class JobDetector:
         self._node_spread = math.nan
         self._rank_s = np.zeros((charts, n))
         self._node_s = np.zeros((charts, len(self.node_names)))
+        self._end_rank = np.zeros(n)
+        self._end_node = np.zeros(len(self.node_names))
         self._input_s = np.zeros(n)
         # (node, kind) -> (step, time) from which its re-arm period counts (its last report).
         self._flagged: dict[tuple[str, str], tuple[int, float]] = {}
-        # (node, kind) -> (when its slowdown began, step and time of its last report).
-        self._episodes: dict[tuple[str, str], tuple[float, int, float]] = {}
+        # (node, kind) -> (when its slowdown began, step and time of its last report, and
+        # which end chart tells it is over).
+        self._episodes: dict[tuple[str, str], tuple[float, int, float, tuple[str, int]]] = {}
         self._tail: _Tail | None = None
         # Per kind, the current block's rows x nodes on which every chart of the node was
         # under its threshold, the block's times; and per kind and node the last such time
@@ -251,15 +259,18 @@ class JobDetector:
         shared = max(floor, 4.0 * max(jitter, floor) / math.sqrt(float(np.nanmax(n))))
         groups: list[np.ndarray] = []
         labels = self.rank_group if len(self.rank_group) == self.world else np.full(self.world, -1)
+        inferred = labels < 0
         for label in np.unique(labels[labels >= 0]).tolist():
             members = np.flatnonzero((labels == label) & np.isfinite(base))
             if len(members) >= 3:
                 groups.append(members)  # labelled: always compared within the group
-        unlabelled = np.flatnonzero((labels < 0) & np.isfinite(base) & (np.abs(base) > shared))
+            else:  # too small a group to compare within: its structure is inferred
+                inferred[labels == label] = True
+        unlabelled = np.flatnonzero(inferred & np.isfinite(base) & (np.abs(base) > shared))
         groups += self._shared_offsets(unlabelled, base, shared)
         for members in groups:
             offset = float(np.median(base[members]))
-            labelled = bool(labels[members[0]] >= 0)
+            labelled = not bool(inferred[members[0]])
             if abs(offset) <= (floor if labelled else shared):
                 continue
             self._offset[members] = offset
@@ -307,7 +318,9 @@ class JobDetector:
                 at = rest[gpus == gpu]
                 spread = len(np.unique(self.rank_node[at]))
                 if spread >= max(p.structure_min_nodes, (job_nodes + 1) // 2):
-                    found.append(at)
+                    # The position on every node (some ranks' estimates fell under the
+                    # threshold by chance; their node holds the same stage there).
+                    found.append(np.flatnonzero((self.rank_gpu == gpu) & np.isfinite(base)))
         return found
 
     def _process(self, b: Block) -> list[Event]:
@@ -353,7 +366,7 @@ class JobDetector:
         # rank gone silent while its chart is high is not reported with nothing to show.
         rank_hit = self._charts(z, ks, hs, live, self._rank_s)
         rank_hit = np.where(np.isfinite(c), rank_hit, 0.0)
-        node_hit = self._node_charts(z, c, ks, live, arl)
+        node_hit, ended = self._node_charts(z, c, ks, live, arl)
 
         med_d = row_median(b.data)
         excess_c = (c - med_c[:, None]) / med_c[:, None]
@@ -366,10 +379,7 @@ class JobDetector:
 
         window = self._window(_Tail(excess_c, excess_d, z, *_what_if(b), b.ts))
         self._block_ts = b.ts
-        self._calm = {
-            "compute": self._calm_rows(np.maximum(rank_hit, 0.0), node_hit),
-            "input": self._calm_rows(input_s / _INPUT_THRESHOLD, None),
-        }
+        self._calm = {**ended, "input:node": self._calm_rows(input_s / _INPUT_THRESHOLD)}
         events: list[Event] = []
         events += self._straggler_events(b, rank_hit, node_hit, input_hit, k_base, window)
         self._keep_calm()
@@ -396,12 +406,39 @@ class JobDetector:
             ratio = np.maximum(ratio, s / np.where(h2 > 0, h2, np.inf))
         return ratio
 
-    def _node_charts(self, z: F64, c: F64, ks: list[F64], live: np.ndarray, arl: float) -> F64:
-        """The node charts' S/h per row and node (0 where no rank of the node measured)."""
+    def _node_charts(
+        self, z: F64, c: F64, ks: list[F64], live: np.ndarray, arl: float
+    ) -> tuple[F64, dict[str, np.ndarray]]:
+        """The node charts' S/h per row and node (0 where no rank of the node measured), and
+        whether each rank's and node's slowdown, if any, has ended (:meth:`_ended`)."""
         node_z, node_measured, node_n = self._node_scores(z, c)
         node_ks, node_hs = _node_references(ks, node_n, arl)
         node_hit = self._charts(node_z, node_ks, node_hs, live, self._node_s)
-        return np.where(node_measured, node_hit, 0.0)
+        end_k, end_h = _node_references(ks[:1], node_n, _END_ARL)
+        ended = self._ended(z, ks[0], node_z, end_k[0], end_h[0], live)
+        return np.where(node_measured, node_hit, 0.0), ended
+
+    def _ended(
+        self, z: F64, k: F64, node_z: F64, node_k: F64, node_h: F64, live: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        """Per row and rank, and per row and node: back under half the smallest slowdown
+        worth acting on. Downward CUSUMs (increments k - score) against a threshold
+        for ``_END_ARL``: a shift that ended is seen as over within about h/k steps, however
+        long it lasted, where the alarm charts, holding evidence up to their cap, drain for
+        much longer in noisy jobs."""
+        h = cusum_thresholds(k, _END_ARL)[:, None]
+        # Capped at twice the threshold: one noisy step of a healthy rank never makes the
+        # node look slow again.
+        d = cusum(np.where(live[:, None], k[:, None] - z, 0.0), self._end_rank, _CAP * h)
+        dn = cusum(
+            np.where(live[:, None], node_k - node_z, 0.0), self._end_node, _CAP * node_h
+        )
+        if len(d):
+            self._end_rank, self._end_node = d[-1], dn[-1]
+        return {
+            "compute:rank": d >= h * (1.0 - 1e-9),
+            "compute:node": dn >= node_h * (1.0 - 1e-9),
+        }
 
     def _node_scores(self, z: F64, c: F64) -> tuple[F64, np.ndarray, F64]:
         """Per node: sum of its ranks' scores / sqrt(reporting ranks) (N(0,1) when healthy,
@@ -530,17 +567,15 @@ class JobDetector:
         p = self.params
         return (step - reported[0] >= p.rearm_steps) | (ts - reported[1] >= p.rearm_s)
 
-    def _calm_rows(self, rank_ratio: F64, node_ratio: F64 | None) -> np.ndarray:
-        """Per row and node: every chart of the node (its own and its ranks') is under its
-        threshold, so a slowdown there, if any, has ended."""
+    def _calm_rows(self, rank_ratio: F64) -> np.ndarray:
+        """Per row and node: every rank's input chart is under its threshold, so a data
+        loading excess there, if any, has ended."""
         shape = (rank_ratio.shape[0], len(self.node_names))
         if not len(self.node_names) or not rank_ratio.shape[1]:
             return np.ones(shape, dtype=bool)
         highest = np.maximum.reduceat(rank_ratio[:, self._order], self._node_starts, axis=1)
         most = np.zeros(shape)
         most[:, self._node_of_group] = highest
-        if node_ratio is not None:
-            most = np.maximum(most, node_ratio)
         calm: np.ndarray = most < 1.0
         return calm
 
@@ -553,22 +588,30 @@ class JobDetector:
                 was = self._calm_ts.get(kind, np.full(calm.shape[1], -np.inf))
                 self._calm_ts[kind] = np.where(calm.any(axis=0), self._block_ts[last], was)
 
-    def _ended_between(self, node: str, kind: str, after: float, before: float) -> bool:
-        """The node's slowdown of ``kind`` ended (every chart of it fell under its threshold)
-        after ``after`` and before ``before``."""
-        index = self.node_names.index(node)
-        calm = self._calm.get(kind)
-        if calm is None:
+    def _watch(self, event: StragglerEvent, kind: str) -> tuple[str, int]:
+        """What tells that ``event``'s slowdown ended: its rank's end chart (one GPU), its
+        node's (node-wide), or the node's input charts."""
+        if kind == "input":
+            return "input:node", self.node_names.index(event.node)
+        if event.scope == "gpu" and event.ranks:
+            return "compute:rank", int(event.ranks[0])
+        return "compute:node", self.node_names.index(event.node)
+
+    def _ended_between(self, watch: tuple[str, int], after: float, before: float) -> bool:
+        """The slowdown ``watch`` follows ended after ``after`` and before ``before``."""
+        key, index = watch
+        calm = self._calm.get(key)
+        if calm is None or index >= calm.shape[1]:
             return False
         ts = self._block_ts
         if bool(np.any(calm[:, index] & (ts > after) & (ts < before))):
             return True
-        earlier = self._calm_ts.get(kind)  # up to the end of the previous block
+        earlier = self._calm_ts.get(key)  # up to the end of the previous block
         return earlier is not None and float(earlier[index]) > after
 
     def _same_episode(self, event: StragglerEvent, kind: str) -> StragglerEvent:
         """A node reported again within two re-arm periods of its last report, with no step
-        in between on which all its charts were back under their thresholds, is the same
+        in between on which that report's slowdown was seen to have ended, is the same
         slowdown going on: it began when that one began (how long a slowdown has lasted is
         what tells a passing burst from a lasting fault). A slowdown that ended is over: the
         next one is a new episode, with its own age."""
@@ -582,10 +625,11 @@ class JobDetector:
                 event.step - previous[1] <= 2 * p.rearm_steps
                 or event.ts - previous[2] <= 2 * p.rearm_s
             )
-            and not self._ended_between(event.node, kind, previous[2], event.ts)
+            and not self._ended_between(previous[3], previous[2], event.ts)
         ):
             since = previous[0] if since is None else min(previous[0], since)
-        self._episodes[key] = (since if since is not None else event.ts, event.step, event.ts)
+        start = since if since is not None else event.ts
+        self._episodes[key] = (start, event.step, event.ts, self._watch(event, kind))
         return replace(event, since_ts=since) if since != event.since_ts else event
 
     def _attribute(

@@ -134,11 +134,12 @@ def outlook(
 
 
 def _not_sure_yet(
-    event: StragglerEvent, ahead: Outlook, gain: Goodput, policy: Policy
+    ahead: Outlook, gain: Goodput, policy: Policy, job: JobInfo, ctx: JobContext, now: float
 ) -> str | None:
     """Why evicting now is premature although it pays on average, or None. Waiting a while
     longer (as long as the slowdown has lasted, and at least ``transient_s``) costs the
-    slowdown's share of the slow time in that window; evicting now wastes the requeue if the
+    slowdown's share of the slow time in that window, and, if it is still on then, the work
+    done meanwhile that a later requeue loses; evicting now wastes the requeue if the
     slowdown would have passed within it. While the second is larger, wait and decide again
     at the node's next report."""
     scale = policy.actions.transient_s
@@ -147,14 +148,29 @@ def _not_sure_yet(
     age = scale + ahead.lasted_s
     ends = window / (age + window)  # a passing one still on ends within the window
     slow_time = lasting * window + (1.0 - lasting) * _passing_left(ahead.lasted_s, window, scale)
-    waiting = gain.share_pct / 100.0 * slow_time
     passes = (1.0 - lasting) * ends
+    waiting = gain.share_pct / 100.0 * slow_time
+    waiting += (1.0 - passes) * _more_lost_work(gain, job, ctx, now + window)
     if gain.cost_s * passes <= waiting:
         return None
     return (
         f"not sure yet: waiting {window:.0f} s more costs {waiting:.0f} s if it lasts; "
         f"evicting now wastes the {gain.cost_s:.0f} s requeue if it passes ({passes:.0%} likely)"
     )
+
+
+def _more_lost_work(gain: Goodput, job: JobInfo, ctx: JobContext, later: float) -> float:
+    """How much more work a requeue at ``later`` would lose than one now (none while the
+    eviction waits for a checkpoint: it loses no work either way)."""
+    if gain.lost_work_s <= 0 and gain.checkpoint_wait_s > 0:
+        return 0.0
+    last = ctx.last_checkpoint_ts if ctx.last_checkpoint_ts is not None else job.start_time
+    if last is None:
+        return 0.0
+    period = ctx.checkpoint_period_s
+    if period and period > 0 and ctx.last_checkpoint_ts is not None:
+        last += math.floor(max(0.0, later - last) / period) * period
+    return max(0.0, max(0.0, later - last) - gain.lost_work_s)
 
 
 def _share(event: StragglerEvent) -> tuple[float, str]:
@@ -337,8 +353,13 @@ def decide(
     reasons = _blockers(event, job, policy, ctx, cluster, now)
     if saved <= cost:
         reasons.append(f"goodput: evicting saves {saved:.0f} s but costs {cost:.0f} s ({why})")
+    elif ahead.lasting_p < policy.actions.min_lasting_p:
+        reasons.append(
+            f"not sure it lasts: {ahead.lasting_p:.0%} likely, the policy acts from "
+            f"{policy.actions.min_lasting_p:.0%} ({why})"
+        )
     else:
-        unsure = _not_sure_yet(event, ahead, gain, policy)
+        unsure = _not_sure_yet(ahead, gain, policy, job, ctx, now)
         reasons += [f"{unsure} ({why})"] if unsure else []
     switches = _switches(cluster)
     if reasons or switches:

@@ -5,6 +5,11 @@ A node becomes a *persistent straggler* after ``incidents`` compute incidents wi
 telemetry can never mark a node on its own. It is forgiven (history cleared) after
 ``forgive_after_s`` without an incident. Input-bound incidents (slow data) never count: they say
 nothing about the node.
+
+An incident is a confirmed, sustained slowdown: one that has lasted ``sustained_s`` when it is
+reported, counted once however often it is reported (its episode: the job and when it began).
+A burst that passes, or a report seconds into a slowdown, is never one; structure (by-design
+imbalance) is compared with itself by the detector and never reported at all.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ class HistoryParams:
     #: Only nodes with at least one incident backed by hardware evidence (sidecar or prolog:
     #: throttling, XIDs, ECC, low clocks) become persistent; timing alone never drains.
     require_corroboration: bool = False
+    #: A slowdown becomes an incident once it has lasted this long.
+    sustained_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.distinct_jobs < 2:
@@ -35,6 +42,8 @@ class HistoryParams:
             raise ValueError("incidents must be >= distinct_jobs")
         if min(self.window_s, self.half_life_s, self.forgive_after_s) <= 0:
             raise ValueError("window_s, half_life_s and forgive_after_s must be > 0")
+        if self.sustained_s < 0:
+            raise ValueError("sustained_s must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,10 @@ class Incident:
     user: str = ""
     #: Hardware evidence (sidecar samples or prolog findings) backed this incident.
     corroborated: bool = False
+    #: When the slowdown began (its episode), and how long it had lasted when reported
+    #: (None: unknown, an incident recorded before these were kept).
+    since_ts: float | None = None
+    lasted_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -119,11 +132,24 @@ def evaluate(
     return Transition(updated, became_persistent=persistent and not was, reasons=reasons)
 
 
+def is_incident(history: NodeHistory, incident: Incident, params: HistoryParams) -> bool:
+    """A compute slowdown that has lasted ``sustained_s``, and the first report of its
+    episode (the same job and start) to be one."""
+    if incident.cause != "compute":
+        return False
+    if incident.lasted_s is not None and incident.lasted_s < params.sustained_s:
+        return False
+    return incident.since_ts is None or not any(
+        i.job_id == incident.job_id and i.since_ts == incident.since_ts for i in history.incidents
+    )
+
+
 def record_incident(
     history: NodeHistory, incident: Incident, params: HistoryParams, *, distinct_users: bool = False
 ) -> Transition:
-    """Add a straggler incident (input-bound ones are ignored) and re-evaluate."""
-    if incident.cause != "compute":
+    """Add a straggler report as an incident when it is one (:func:`is_incident`) and
+    re-evaluate."""
+    if not is_incident(history, incident, params):
         return evaluate(history, incident.ts, params, distinct_users=distinct_users)
     aged = evaluate(history, incident.ts, params, distinct_users=distinct_users).history
     added = replace(aged, incidents=(*aged.incidents, incident), last_incident=incident.ts)

@@ -41,10 +41,19 @@ class PersistencePolicy(Strict):
         "job's user controls, then never drains a node.",
     )
 
+    sustained_s: float = Field(
+        300.0,
+        ge=0,
+        le=7 * 86400,
+        description="A slowdown is an incident in node history only once it has lasted this "
+        "long, and once per slowdown: bursts that pass never mark a node.",
+    )
+
     def params(self) -> HistoryParams:
         """The node history's parameters."""
         day = 86400.0
         return HistoryParams(
+            sustained_s=self.sustained_s,
             incidents=self.incidents,
             distinct_jobs=self.distinct_jobs,
             window_s=self.window_days * day,

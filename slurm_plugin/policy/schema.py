@@ -120,6 +120,14 @@ class ActionPolicy(Strict):
         "rest of the job (a fault, not a burst). Every other job that saw the node slow within "
         "the persistence window raises it.",
     )
+    min_lasting_p: float = Field(
+        0.6,
+        ge=0,
+        le=1,
+        description="Evict only a slowdown at least this likely to last for the rest of the "
+        "job (given its age and the node's past): a fail-slow episode that may still end by "
+        "itself is left alone however much it would pay on average.",
+    )
     assume_remaining_s: float = Field(
         3600.0,
         gt=0,

@@ -79,7 +79,16 @@ class NodeRails:
         share). Draining also needs the default policy's ``cluster_mode`` to be evict."""
         transition = record_incident(
             self.state.node_history(event.node),
-            Incident(job.job_id, now, event.slowdown_pct, event.cause, job.user, corroborated),
+            Incident(
+                job.job_id,
+                now,
+                event.slowdown_pct,
+                event.cause,
+                job.user,
+                corroborated,
+                since_ts=event.since_ts,
+                lasted_s=event.lasted_s,
+            ),
             rails.persistence.params(),
             distinct_users=rails.persistence.distinct_users,
         )

@@ -122,7 +122,8 @@ def test_attempts_are_inferred_from_steps_going_back() -> None:
 
 
 def test_backtest_json(tmp_path: Path) -> None:
-    """The CLI prints the documented JSON with the straggler of the trace."""
+    """The CLI prints the documented JSON with the straggler of the trace, the what-if
+    report and the assumptions it made."""
     jobs = [
         ("31", generate(JobSpec("31", 64, 300, seed=2, compute_slow={12: step_change(0.25, 100)})))
     ]
@@ -131,7 +132,10 @@ def test_backtest_json(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["backtest", str(path), "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert set(data) == {"detections", "persistent_nodes"}
+    assert set(data) == {"detections", "persistent_nodes", "report", "assumptions"}
+    assert data["report"]["evictions"] == 0
+    assert data["report"]["lost_gpu_h"] > 0  # a +25 % GPU among 64 cost the job time
+    assert len(data["assumptions"]) == 2
     detection, *again = data["detections"]  # again: the same GPU, still slow, a minute on
     assert {k: detection[k] for k in ("job_id", "node", "rank", "gpu", "cause", "action")} == {
         "job_id": "31",
@@ -198,38 +202,60 @@ def test_a_job_that_stops_inside_a_step_is_a_hang(tmp_path: Path) -> None:
     ], hangs
 
 
+def _companions(path: Path, jobs: dict[str, tuple[float, float | None]], every_s: float) -> None:
+    """TRACE.jobs.csv and TRACE.events.csv beside ``path``: each job's start and time limit,
+    and a checkpoint_end every ``every_s`` seconds of its first hour."""
+    lines = ["job_id,start_ts,end_limit_ts"]
+    lines += [f"{j},{start},{'' if end is None else end}" for j, (start, end) in jobs.items()]
+    (path.parent / f"{path.stem}.jobs.csv").write_text("\n".join(lines) + "\n")
+    events = ["job_id,ts,name"]
+    for j, (start, _) in jobs.items():
+        events += [f"{j},{start + k * every_s},checkpoint_end" for k in range(1, 3600 // 60)]
+    (path.parent / f"{path.stem}.events.csv").write_text("\n".join(events) + "\n")
+
+
 def test_the_actions_are_the_services_decisions(tmp_path: Path) -> None:
-    """Issue 14: the backtest's action comes from decide() on the trace's clock: a +5 % GPU
-    does not pay for a requeue (goodput, no checkpoint reported); a +30 % one is reported
-    every 30 s (~48 steps), not evicted while it may still pass, evicted once it has lasted
-    a few minutes, and out of the job after that (the trace goes on as recorded, the replay
-    knows the node was excluded); a policy that only observes records."""
+    """Issue 14 and 24: the backtest's action comes from decide() on the trace's clock, with
+    the jobs' time limits and checkpoints from the trace's companions. A +5 % GPU among 64
+    does not pay for a requeue (the job's step barely waits for it: goodput from the job's
+    what-if); a +30 % one is reported every 30 s, not evicted while it may still pass, then
+    waits for the job's next checkpoint once it has lasted long enough to be a fault, is
+    evicted at that checkpoint (no work lost), and is out of the job after that (the trace
+    goes on as recorded); a policy that only observes records."""
     small = generate(JobSpec("61", 64, 300, seed=2, compute_slow={12: step_change(0.05, 100)}))
     large = generate(
-        JobSpec("62", 64, 1000, seed=3, compute_slow={40: step_change(0.30, 50)}, start_ts=1.7e9)
+        JobSpec("62", 64, 2000, seed=3, compute_slow={40: step_change(0.30, 50)}, start_ts=1.7e9)
     )
     path = tmp_path / "t.csv"
     write_csv([("61", small), ("62", large)], str(path))
+    starts = {"61": float(small.ts.min()) - 1, "62": float(large.ts.min()) - 1}
+    _companions(path, {j: (t, t + 10 * 3600) for j, t in starts.items()}, every_s=60.0)
     result = CliRunner().invoke(cli, ["backtest", str(path), "--json"])
     assert result.exit_code == 0, result.output
     detections = json.loads(result.stdout)["detections"]
     rows = {d["job_id"]: d for d in reversed(detections)}  # each job's first
     assert rows["61"]["action"] == "annotate"
-    assert rows["61"]["reasons"][0].startswith("goodput: evicting saves")
+    assert rows["61"]["inputs"]["share_from"] == "the job's steps without the node"
+    assert rows["61"]["inputs"]["share_pct"] < 2.0  # a +5 % GPU costs the job far less
     assert rows["61"]["saved_s"] < rows["61"]["cost_s"]
     reports = [d for d in detections if d["job_id"] == "62"]
     actions = [d["action"] for d in reports]
     evicted = actions.index("evict")
     assert set(actions[:evicted]) == {"annotate"}
     young = [d["reasons"][0].split(":")[0] for d in reports[:evicted]]
-    assert young[0] == "goodput"  # seconds old: expected to pass
-    assert young[-1] == "not sure yet"  # pays on average, but waiting a minute costs less
+    assert young[0] == "not sure it lasts"  # seconds old: expected to pass
     assert [d["lasting_p"] for d in reports[:evicted]] == sorted(
         d["lasting_p"] for d in reports[:evicted]
     )
-    assert 150 <= reports[evicted]["lasted_s"] <= 300
-    assert reports[evicted]["saved_s"] > reports[evicted]["cost_s"]
-    assert reports[evicted]["lasting_p"] > 0.95
+    chosen = reports[evicted]
+    assert chosen["inputs"]["remaining_from"] == "time limit"
+    assert chosen["inputs"]["share_pct"] > 10.0
+    assert chosen["lasting_p"] >= 0.6
+    assert chosen["saved_s"] > chosen["cost_s"]
+    assert chosen["after"] == "checkpoint"  # waited for the next checkpoint: no work lost
+    assert 0 < chosen["waited_s"] <= 60.0
+    checkpoints = {starts["62"] + k * 60.0 for k in range(1, 60)}
+    assert round(chosen["acted_ts"], 3) in {round(t, 3) for t in checkpoints}
     later = reports[evicted + 1 :]
     assert later
     assert all(d["reasons"] == ["evicted from the job before"] for d in later)
@@ -238,6 +264,27 @@ def test_the_actions_are_the_services_decisions(tmp_path: Path) -> None:
         cli, ["backtest", str(path), "--json", "--policy", str(REPO / "policies/observe.toml")]
     )
     assert {d["action"] for d in json.loads(observe.stdout)["detections"]} == {"none"}
+
+
+def test_without_companions_the_replay_states_its_assumptions(tmp_path: Path) -> None:
+    """Issue 24 item 4: without TRACE.jobs.csv and TRACE.events.csv the backtest says what
+    it assumed (no time limit, no checkpoints); with them it says nothing of the kind, and a
+    companion with a bad number is one error naming the file, line and column."""
+    batch = generate(JobSpec("7", 16, 100, seed=1))
+    path = tmp_path / "t.csv"
+    write_csv([("7", batch)], str(path))
+    bare = CliRunner().invoke(cli, ["backtest", str(path)])
+    assert bare.exit_code == 0, bare.output
+    assert "no TRACE.jobs.csv" in bare.output
+    assert "no checkpoint_end" in bare.output
+    _companions(path, {"7": (float(batch.ts.min()), None)}, every_s=60.0)
+    told = CliRunner().invoke(cli, ["backtest", str(path)])
+    assert told.exit_code == 0, told.output
+    assert "assumed" not in told.output
+    (tmp_path / "t.jobs.csv").write_text("job_id,start_ts,end_limit_ts\n7,x,\n")
+    bad = CliRunner().invoke(cli, ["backtest", str(path)])
+    assert bad.exit_code != 0
+    assert "t.jobs.csv: line 2, start_ts: not a finite number: 'x'" in bad.output
 
 
 def test_a_burst_of_six_steps_is_reported_and_never_evicted(tmp_path: Path) -> None:
@@ -289,7 +336,8 @@ def test_ranks_beyond_their_jobs_nodes_are_dropped_as_the_service_does(tmp_path:
     trace = read_trace(path)
     result = run_backtest(trace, Policy.model_validate({"name": "b", "actions": {"mode": "evict"}}))
     assert result.out_of_range == 1
-    assert result.to_dict() == json.loads(clean.stdout)
+    shown = json.loads(clean.stdout)
+    assert result.to_dict() == {k: shown[k] for k in ("detections", "persistent_nodes")}
     only_bad = tmp_path / "bad.csv"
     only_bad.write_text(HEADER + "7,1000000000000,n0000,0,5,1700000005.0,1.0,0.5,0.1,0.0\n")
     empty = run_backtest(read_trace(only_bad), Policy(name="b"))

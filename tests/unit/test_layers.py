@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("policy",),  # ... and what it decides with
     ("config",),
     ("slurm", "telemetry", "trace", "trace_meta"),  # adapters: Slurm, Redis, trace files
-    ("health", "replay"),  # the prolog and epilog; the backtest's decisions
+    ("health", "replay", "whatif"),  # the prolog and epilog; the backtest's decisions
     ("service", "backtest"),
     ("testing", "devcluster"),
     ("demo",),
