@@ -102,30 +102,43 @@ class Replay:
     ) -> float | None:
         """The service's re-check before an eviction, on the trace: how much longer the
         event's ranks (its node's, when node-wide) computed than the ranks on other nodes over
-        the job's newest ``steps`` steps up to ``now``, the median of the per-step ratios of
-        medians (:func:`slurm_plugin.detection.recheck.recent_slowdown_pct`)."""
-        trace = self.trace
-        span = 4 * steps * self._step(event.job_id)
-        lo, hi = np.searchsorted(trace.ts, [now - span, now], side="right")
-        part = slice(int(lo), int(hi))
-        mine_job = trace.job_code[part] == trace.job_names.index(event.job_id)
-        if not mine_job.any():
+        the job's newest ``steps`` steps up to ``now`` (the median of the per-step ratios of
+        medians, as :func:`slurm_plugin.detection.recheck.recent_slowdown_pct`), against the
+        same ratio over the job's first steps: a pipeline stage or another GPU model on the
+        node is its baseline, not a slowdown."""
+        code = self.trace.job_names.index(event.job_id)
+        start = float(self.trace.ts[np.argmax(self.trace.job_code == code)])
+        first = self._ratio(event, start, start + 4 * steps * self._step(event.job_id), steps, 1)
+        recent = self._ratio(event, now - 4 * steps * self._step(event.job_id), now, steps, -1)
+        if recent is None:
             return None
-        step = trace.step[part][mine_job]
-        compute = trace.compute_s[part][mine_job]
-        on_node = trace.node_code[part][mine_job] == trace.node_names.index(event.node)
-        mine = on_node & (
-            np.isin(trace.rank[part][mine_job], event.ranks)
-            if event.scope == "gpu"
-            else True
-        )
+        return (recent / (first or 1.0) - 1.0) * 100.0
+
+    def _ratio(
+        self, event: StragglerEvent, begin: float, end: float, steps: int, order: int
+    ) -> float | None:
+        """The median over ``steps`` steps of the job in [begin, end] (the first ones, or
+        with ``order`` -1 the newest) of the event's ranks' median compute over the other
+        nodes' median."""
+        trace = self.trace
+        lo, hi = np.searchsorted(trace.ts, [begin, end], side="right")
+        part = slice(int(lo), int(hi))
+        in_job = trace.job_code[part] == trace.job_names.index(event.job_id)
+        if not in_job.any():
+            return None
+        step = trace.step[part][in_job]
+        compute = trace.compute_s[part][in_job]
+        on_node = trace.node_code[part][in_job] == trace.node_names.index(event.node)
+        mine = on_node
+        if event.scope == "gpu":
+            mine = on_node & np.isin(trace.rank[part][in_job], event.ranks)
         ratios = []
-        for s in np.unique(step)[::-1][:steps].tolist():
+        for s in np.unique(step)[::order][:steps].tolist():
             at = (step == s) & np.isfinite(compute)
             own, peers = compute[at & mine], compute[at & ~on_node]
             if len(own) and len(peers) and np.median(peers) > 0:
                 ratios.append(float(np.median(own) / np.median(peers)))
-        return (float(np.median(ratios)) - 1.0) * 100.0 if ratios else None
+        return float(np.median(ratios)) if ratios else None
 
     def _step(self, job_id: str) -> float:
         """The job's typical step time (its first records)."""

@@ -90,8 +90,7 @@ def backtest(
             emit_json(
                 {
                     "policies": [
-                        {"policy": p.name, **r.to_dict(), "report": w.to_dict()}
-                        for p, r, w in runs
+                        {"policy": p.name, **r.to_dict(), "report": w.to_dict()} for p, r, w in runs
                     ],
                     "assumptions": assumptions,
                 }

@@ -430,9 +430,7 @@ class JobDetector:
         # Capped at twice the threshold: one noisy step of a healthy rank never makes the
         # node look slow again.
         d = cusum(np.where(live[:, None], k[:, None] - z, 0.0), self._end_rank, _CAP * h)
-        dn = cusum(
-            np.where(live[:, None], node_k - node_z, 0.0), self._end_node, _CAP * node_h
-        )
+        dn = cusum(np.where(live[:, None], node_k - node_z, 0.0), self._end_node, _CAP * node_h)
         if len(d):
             self._end_rank, self._end_node = d[-1], dn[-1]
         return {
