@@ -378,8 +378,10 @@ class JobDetector:
         input_hit = (input_s > _INPUT_THRESHOLD) & np.isfinite(b.data)
 
         window = self._window(_Tail(excess_c, excess_d, z, *_what_if(b), b.ts))
-        self._block_ts = b.ts
-        self._calm = {**ended, "input:node": self._calm_rows(input_s / _INPUT_THRESHOLD)}
+        self._block_ts, self._calm = (
+            b.ts,
+            {**ended, "input:node": self._calm_rows(input_s / _INPUT_THRESHOLD)},
+        )
         events: list[Event] = []
         events += self._straggler_events(b, rank_hit, node_hit, input_hit, k_base, window)
         self._keep_calm()

@@ -334,7 +334,9 @@ def _structure(
     return dynamic, (static if kind not in {"none", "moe", "seq_len"} else None), labels
 
 
-def _simulate(plan: _Plan, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def _simulate(  # noqa: PLR0915 - one job's steps and their truth, read top to bottom
+    plan: _Plan, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
     """The job's records (steps x ranks), and each slowdown's truth."""
     job, t, n = plan.job, plan.steps, plan.job.world
     dynamic, static, labels = _structure(rng, job, t)
