@@ -482,9 +482,10 @@ class JobDetector:
         keep = self.params.attribution_steps
         names = [f.name for f in fields(_Tail) if f.name != "offset"]
         if self._tail is not None and self._tail.z.shape[1] == block.z.shape[1]:
-            joined = _Tail(
-                *(np.concatenate([getattr(self._tail, n), getattr(block, n)]) for n in names)
-            )
+            rows: dict[str, Any] = {
+                n: np.concatenate([getattr(self._tail, n), getattr(block, n)]) for n in names
+            }
+            joined = replace(block, **rows)
         else:
             joined = block
         joined.offset = joined.z.shape[0] - block.z.shape[0]

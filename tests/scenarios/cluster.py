@@ -295,8 +295,8 @@ def _structure(
     nodes = n // GPUS_PER_NODE
     local = np.arange(n) % GPUS_PER_NODE
     node_of = np.arange(n) // GPUS_PER_NODE
-    dynamic = np.ones((t, n))
-    static = np.ones(n)
+    dynamic: np.ndarray = np.ones((t, n))
+    static: np.ndarray = np.ones(n)
     labels = [""] * n
     kind = job.structure
     if kind == "pipeline":
@@ -356,11 +356,11 @@ def _simulate(  # noqa: PLR0915 - one job's steps and their truth, read top to b
         on_rows = (steps >= on) & (steps < off)
         if kind in FAULTS:
             add = np.zeros((t, n))
-            add[np.ix_(on_rows, list(ranks))] = extra
+            add[np.ix_(on_rows, np.asarray(ranks, dtype=int))] = extra
             extras.append(add)
             compute += healthy * add
         elif kind == "input":
-            data[np.ix_(on_rows, list(ranks))] += extra * base
+            data[np.ix_(on_rows, np.asarray(ranks, dtype=int))] += extra * base
         elif kind == "hang":
             pause[on] += 900.0
             hang_rank = (on, ranks[0])
@@ -396,9 +396,9 @@ def _simulate(  # noqa: PLR0915 - one job's steps and their truth, read top to b
         )
     for kind, ranks, extra, on, off in plan.faults:
         if kind not in FAULTS and on < t:
-            node = job.nodes[ranks[0] // GPUS_PER_NODE] if ranks else None
+            where = job.nodes[ranks[0] // GPUS_PER_NODE] if ranks else None
             end = float(ends[off - 1]) if off <= t else job.end_ts
-            job.slowdowns.append(Slowdown(kind, node, ranks, extra, float(starts[on]), end))
+            job.slowdowns.append(Slowdown(kind, where, ranks, extra, float(starts[on]), end))
     comm = step_s[:, None] - ready
     step_no = np.broadcast_to(steps[:, None], (t, n)).copy()
     ts = np.broadcast_to(ends[:, None], (t, n)) + rng.random((t, n)) * 1e-3
