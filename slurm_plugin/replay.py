@@ -165,7 +165,7 @@ class Replay:
             evictions=len(done),
             last_eviction_ts=done[-1] if done else None,
             last_checkpoint_ts=known[-1] if known else None,
-            reports_checkpoints=bool(checkpoints) and not overdue,
+            reports_checkpoints=bool(known) and not overdue,
             checkpoint_period_s=_period(known),
             waiting_since=waiting.since if waiting else None,
             node_incidents=node_incidents,

@@ -76,6 +76,8 @@ class Outlook:
     #: What is left of the job (its time limit, or the policy's assumption).
     remaining_s: float
     remaining_from: str = "time limit"
+    #: How much longer until it is ``min_lasting_p`` likely to last (0: it already is).
+    sure_in_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,19 @@ def outlook(
     lasting = prior / (prior + (1.0 - prior) * on)
     passing = _passing_left(lasted, remaining, actions.transient_s)
     expected = lasting * remaining + (1.0 - lasting) * passing
-    return Outlook(lasted, expected, lasting, remaining, source)
+    sure = _sure_at(prior, actions.min_lasting_p, actions.transient_s)
+    return Outlook(lasted, expected, lasting, remaining, source, max(0.0, sure - lasted))
+
+
+def _sure_at(prior: float, wanted: float, scale: float) -> float:
+    """The age at which a slowdown is ``wanted`` likely to last: where the passing kind's
+    chance of still being on, :func:`_on`, falls to ``prior (1 - wanted) / (wanted (1 -
+    prior))``."""
+    if wanted <= prior:
+        return 0.0
+    if wanted >= 1.0:
+        return math.inf
+    return scale * (wanted * (1.0 - prior) / (prior * (1.0 - wanted)) - 1.0)
 
 
 def _not_sure_yet(
@@ -144,12 +158,10 @@ def _not_sure_yet(
     at the node's next report."""
     scale = policy.actions.transient_s
     window = min(scale + ahead.lasted_s, ahead.remaining_s)
-    lasting = ahead.lasting_p
     age = scale + ahead.lasted_s
     ends = window / (age + window)  # a passing one still on ends within the window
-    slow_time = lasting * window + (1.0 - lasting) * _passing_left(ahead.lasted_s, window, scale)
-    passes = (1.0 - lasting) * ends
-    waiting = gain.share_pct / 100.0 * slow_time
+    passes = (1.0 - ahead.lasting_p) * ends
+    waiting = gain.share_pct / 100.0 * _slow_within(ahead, window, scale)
     waiting += (1.0 - passes) * _more_lost_work(gain, job, ctx, now + window)
     if gain.cost_s * passes <= waiting:
         return None
@@ -157,6 +169,21 @@ def _not_sure_yet(
         f"not sure yet: waiting {window:.0f} s more costs {waiting:.0f} s if it lasts; "
         f"evicting now wastes the {gain.cost_s:.0f} s requeue if it passes ({passes:.0%} likely)"
     )
+
+
+def _slow_within(ahead: Outlook, window: float, scale: float) -> float:
+    """How long the slowdown is expected to stay on within the next ``window`` seconds."""
+    lasting = ahead.lasting_p
+    return lasting * window + (1.0 - lasting) * _passing_left(ahead.lasted_s, window, scale)
+
+
+def _doubt_costs_more(ahead: Outlook, gain: Goodput, policy: Policy) -> bool:
+    """Waiting until the slowdown is ``min_lasting_p`` likely would cost the job, on
+    average, more than ``doubt_requeues`` requeues (the node's share of the job's time over
+    the part of that wait it is expected to stay on)."""
+    wait = min(ahead.sure_in_s, ahead.remaining_s)
+    slow = _slow_within(ahead, wait, policy.actions.transient_s)
+    return gain.share_pct / 100.0 * slow > policy.actions.doubt_requeues * gain.cost_s
 
 
 def _more_lost_work(gain: Goodput, job: JobInfo, ctx: JobContext, later: float) -> float:
@@ -353,7 +380,9 @@ def decide(
     reasons = _blockers(event, job, policy, ctx, cluster, now)
     if saved <= cost:
         reasons.append(f"goodput: evicting saves {saved:.0f} s but costs {cost:.0f} s ({why})")
-    elif ahead.lasting_p < policy.actions.min_lasting_p:
+    elif ahead.lasting_p < policy.actions.min_lasting_p and not _doubt_costs_more(
+        ahead, gain, policy
+    ):
         reasons.append(
             f"not sure it lasts: {ahead.lasting_p:.0%} likely, the policy acts from "
             f"{policy.actions.min_lasting_p:.0%} ({why})"

@@ -128,6 +128,14 @@ class ActionPolicy(Strict):
         "job (given its age and the node's past): a fail-slow episode that may still end by "
         "itself is left alone however much it would pay on average.",
     )
+    doubt_requeues: float = Field(
+        1.0,
+        ge=0,
+        le=1000,
+        description="Waive min_lasting_p when waiting until the slowdown is that likely would "
+        "cost the job more than this many requeues (its share of the job's time over the wait): "
+        "a node that makes the job several times slower is evicted although it might pass.",
+    )
     assume_remaining_s: float = Field(
         3600.0,
         gt=0,

@@ -140,13 +140,14 @@ def test_a_burst_that_just_began_is_expected_to_pass() -> None:
 
 
 def test_the_longer_it_lasts_the_more_it_is_expected_to() -> None:
-    """The same slowdown once it has lasted 5 minutes is likelier a fault (37 %) but may
-    still pass; after 15 minutes (62 %) it is expected to last most of what is left of the
-    job, and evicted."""
-    young = _decide(event=_event(slowdown=200.0, lasted_s=5.0))
-    middle = _decide(event=_event(slowdown=200.0, lasted_s=300.0))
-    old = _decide(event=_event(slowdown=200.0, lasted_s=900.0))
+    """The same slowdown (+30 %: a quarter of the job's time) once it has lasted 5 minutes
+    is likelier a fault (37 %) but may still pass; after 15 minutes (62 %) it is expected to
+    last most of what is left of the job, and evicted."""
+    young = _decide(event=_event(slowdown=30.0, lasted_s=5.0))
+    middle = _decide(event=_event(slowdown=30.0, lasted_s=300.0))
+    old = _decide(event=_event(slowdown=30.0, lasted_s=900.0))
     assert middle.action == "annotate"
+    assert any(r.startswith("not sure it lasts: 37% likely") for r in middle.reasons)
     assert middle.lasting_p == pytest.approx(0.367, abs=0.005)
     assert old.action == "evict"
     assert young.expected_s is not None
@@ -154,6 +155,28 @@ def test_the_longer_it_lasts_the_more_it_is_expected_to() -> None:
     assert old.lasting_p is not None
     assert old.expected_s > 9 * young.expected_s  # a passing one, too, goes on longer
     assert old.lasting_p == pytest.approx(0.62, abs=0.005)
+
+
+def test_a_node_that_makes_the_job_much_slower_is_evicted_before_it_is_sure() -> None:
+    """3x slower (two thirds of the job's time) for 5 minutes: 37 % that it lasts, under
+    min_lasting_p, but waiting the 525 s until it is 60 % likely would cost the job, on
+    average, 0.667 x 392 s = 261 s of its time, more than the 240 s requeue (restart and the
+    minute since the checkpoint) that evicting risks: evicted. A policy that accepts the cost
+    of doubt (doubt_requeues = 2) waits; a young one (5 s) is never evicted this way."""
+    event = _event(slowdown=200.0, lasted_s=300.0)
+    d = _decide(event=event)
+    assert d.action == "evict"
+    assert d.lasting_p == pytest.approx(0.367, abs=0.005)
+    assert d.cost_s == pytest.approx(240.0)
+    evict = POLICIES["evict"]
+    patient = evict.model_copy(
+        update={"actions": evict.actions.model_copy(update={"doubt_requeues": 2.0})}
+    )
+    ctx = JobContext(last_checkpoint_ts=NOW - 60)
+    waits = decide(event, _job(), patient, ctx, ClusterContext(nodes=NODES), NOW)
+    assert waits.action == "annotate"
+    assert any(r.startswith("not sure it lasts") for r in waits.reasons)
+    assert _decide(event=_event(slowdown=200.0, lasted_s=5.0)).action == "annotate"
 
 
 def test_a_node_other_jobs_saw_slow_is_believed_sooner() -> None:
