@@ -183,11 +183,15 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
             "decision",
             "lasted_s",
             "expected_s",
+            "lasting_p",
             "saved_s",
             "cost_s",
             "reasons",
         ],
     )
+    for d in decisions:
+        if isinstance(d.get("goodput_inputs"), dict):
+            click.echo(f"\n{_goodput_line(d['id'], d['goodput_inputs'])}")
     if ignored:
         counts = ", ".join(f"{n} {reason}" for reason, n in sorted(ignored.items()))
         click.echo(f"\nrecords not believed (evidence rules): {counts}")
@@ -202,6 +206,18 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
             f"structure, compared with itself: {group.get('ranks')} ranks on {nodes} compute "
             f"{group.get('offset_pct')} % against the job's median rank"
         )
+
+
+def _goodput_line(decision_id: str, g: dict[str, Any]) -> str:
+    """What a decision's goodput figures were computed from, in one line."""
+    return (
+        f"goodput of {printable(str(decision_id))}: the node costs {g.get('share_pct')} % of the "
+        f"job's time ({g.get('share_from')}); {g.get('remaining_s')} s left "
+        f"({g.get('remaining_from')}); a requeue costs {g.get('restart_cost_s')} s restart + "
+        f"{g.get('lost_work_s')} s lost work, {g.get('checkpoint_wait_s')} s waiting for a "
+        f"checkpoint: saves {round(float(g.get('saved_s') or 0))} s, costs "
+        f"{round(float(g.get('cost_s') or 0))} s"
+    )
 
 
 def _structure(raw: str | None) -> list[dict[str, Any]]:

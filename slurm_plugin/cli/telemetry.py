@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import socket
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TextIO
 
 import click
 
@@ -16,10 +19,12 @@ from slurm_plugin.cli.output import emit_json
 from slurm_plugin.config import Settings
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.model.records import sort_records
+from slurm_plugin.slurm.scheduler import ScontrolScheduler
 from slurm_plugin.telemetry.relay import Relay
 from slurm_plugin.telemetry.sidecar import Sidecar
 from slurm_plugin.telemetry.store import TelemetryStore, connect_from
 from slurm_plugin.trace import write_trace
+from slurm_plugin.trace_meta import JobFacts, companion, write_events, write_jobs
 
 
 def _store(settings: Settings) -> TelemetryStore:
@@ -32,27 +37,81 @@ def _store(settings: Settings) -> TelemetryStore:
     "-o",
     "--output",
     type=click.Path(path_type=Path, dir_okay=False),
-    help="Trace CSV to write (default: stdout).",
+    help="Trace CSV to write (default: stdout); its companions TRACE.jobs.csv and "
+    "TRACE.events.csv go beside it.",
 )
 @json_option
 @click.pass_obj
 def export(settings: Settings, job_id: str, output: Path | None, as_json: bool) -> None:
     """Write JOB_ID's step records from Redis as a trace CSV (the backtest's input); with
-    --json (and --output) print what was written as JSON."""
+    --output also the job's start and time limit (from Slurm) and its events (from Redis)
+    beside it; with --json print what was written as JSON."""
     if as_json and output is None:
         raise click.UsageError("--json needs --output: the CSV itself goes to stdout otherwise")
-    records = sort_records(_store(settings).iter_steps(job_id))
+    store = _store(settings)
+    records = sort_records(store.iter_steps(job_id))
     if output is None:
         rows = write_trace(records, sys.stdout)
-    else:
-        tmp = output.with_name(output.name + ".tmp")
-        with tmp.open("w") as handle:
-            rows = write_trace(records, handle)
-        tmp.replace(output)
-    if as_json:
-        emit_json({"job_id": job_id, "records": rows, "output": str(output)})
+        click.echo(f"exported {rows} records of job {job_id}", err=True)
         return
-    click.echo(f"exported {rows} records of job {job_id}", err=True)
+    rows = _write(output, lambda out: write_trace(records, out))
+    events = _write(
+        companion(output, "events"), lambda out: write_events(_events(store, job_id), out)
+    )
+    facts, why = _facts(settings, job_id)
+    jobs = _write(companion(output, "jobs"), lambda out: write_jobs(facts, out)) if facts else 0
+    if as_json:
+        emit_json(
+            {
+                "job_id": job_id,
+                "records": rows,
+                "output": str(output),
+                "events": events,
+                "jobs": jobs,
+                "jobs_missing": why,
+            }
+        )
+        return
+    click.echo(f"exported {rows} records and {events} events of job {job_id}", err=True)
+    if why:
+        click.echo(f"warning: {why}", err=True)
+
+
+def _write(path: Path, write: Callable[[TextIO], int]) -> int:
+    """Write ``path`` through a temporary file (a reader never sees half of it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as handle:
+        n = write(handle)
+    tmp.replace(path)
+    return n
+
+
+def _events(store: TelemetryStore, job_id: str) -> Iterator[tuple[str, float, str]]:
+    """The job's events (name and time) from its stream, oldest first, page by page."""
+    after = "0-0"
+    while True:
+        page, after = store.read_events(job_id, after, count=1000)
+        if not page:
+            return
+        for event in page:
+            ts, name = event.get("ts"), event.get("name")
+            if isinstance(ts, int | float) and math.isfinite(ts) and isinstance(name, str):
+                yield job_id, float(ts), name
+
+
+def _facts(settings: Settings, job_id: str) -> tuple[list[tuple[str, JobFacts]], str | None]:
+    """The job's start and the end of its time limit as Slurm knows them, or why not."""
+    try:
+        info = ScontrolScheduler(settings).job(job_id)
+    except StragglerError as exc:
+        return [], (
+            f"no {job_id} in Slurm ({exc}): TRACE.jobs.csv not written; the backtest will "
+            "assume the job started at its first record, without a time limit"
+        )
+    limit = None
+    if info.start_time is not None and info.time_limit_s is not None:
+        limit = info.start_time + info.time_limit_s
+    return [(job_id, JobFacts(info.start_time, limit))], None
 
 
 @click.command("sidecar")

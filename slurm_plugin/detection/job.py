@@ -355,8 +355,10 @@ class JobDetector:
             self._warm_n += ok.sum(axis=0)
 
         # The bank's smallest reference, in units of each rank's spread: half the smallest
-        # slowdown worth acting on; the other charts double it.
-        k_base = np.clip(0.5 * p.min_slowdown_pct / 100.0 / spread, 0.1, 8.0)
+        # slowdown worth acting on; the other charts double it. At most half the clip: a
+        # chart whose reference reaches the clip never alarms, however slow the rank (a
+        # policy's 40 % minimum on ranks with 1 % noise would never see a node 2x slow).
+        k_base = np.clip(0.5 * p.min_slowdown_pct / 100.0 / spread, 0.1, 0.5 * p.clip)
         k_base = np.where(live, k_base, 1.0)
         arl = p.false_alarm_arl * p.charts
         ks = [k_base * 2.0**i for i in range(p.charts)]

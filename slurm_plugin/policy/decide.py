@@ -166,7 +166,7 @@ def _not_sure_yet(
     if gain.cost_s * passes <= waiting:
         return None
     return (
-        f"not sure yet: waiting {window:.0f} s more costs {waiting:.0f} s if it lasts; "
+        f"not sure yet: waiting {window:.0f} s more costs {waiting:.0f} s on average; "
         f"evicting now wastes the {gain.cost_s:.0f} s requeue if it passes ({passes:.0%} likely)"
     )
 

@@ -235,11 +235,12 @@ def _run(
 def test_one_waiting_decision_and_max_wait_is_honoured(make_loop: Callable[..., Loop]) -> None:
     """Issue 13 item 5: a job that reports checkpoints gets one waiting decision however often
     the straggler is seen again; its clock is not reset, so after max_wait_s (900 s) without a
-    checkpoint the job is evicted (still slow), counted before acting, nothing left open."""
+    checkpoint the job is evicted (still slow), counted before acting, nothing left open. The
+    last checkpoint is 10 minutes old: losing that work costs more than waiting (issue 24)."""
     clock = FakeClock()
     slurm = FakeScheduler([running_job(clock)], NODES)
     loop = make_loop(slurm, clock, "a")
-    loop.store.publish("5", events=[{"name": "checkpoint_end", "ts": clock() - 60, "step": 0}])
+    loop.store.publish("5", events=[{"name": "checkpoint_end", "ts": clock() - 600, "step": 0}])
     _run(loop, 0, 60, {"node3": 2.0})
     decisions = loop.state.job_decisions("5")
     assert [d["state"] for d in decisions] == ["waiting"]
@@ -265,8 +266,9 @@ def test_one_waiting_decision_and_max_wait_is_honoured(make_loop: Callable[..., 
 
 def _flag_while_waiting_for_a_checkpoint(loop: Loop) -> None:
     """Job 5 reports checkpoints; node3 computes 2x slower until the service flags it and the
-    decision waits for the next checkpoint."""
-    checkpoint = {"name": "checkpoint_end", "ts": loop.clock() - 60, "step": 0}
+    decision waits for the next checkpoint (the last one is 10 minutes old: losing its work
+    costs more than waiting for the next)."""
+    checkpoint = {"name": "checkpoint_end", "ts": loop.clock() - 600, "step": 0}
     loop.store.publish("5", events=[checkpoint])
     for cycle in range(30):
         _run(loop, cycle * 10, 1, {"node3": 2.0})
@@ -382,6 +384,8 @@ def test_only_the_service_takes_a_node_out_after_its_rails(
         default_policy=cluster_policy,
         drain_persistent=drain_persistent,
         safety={"max_partition_drained_fraction": 1.0},
+        # The jobs' slowdowns, reported after ~20 s, are incidents (the shipped rail: 300 s).
+        persistence={"sustained_s": 10},
     )
     _run(loop, 0, 40, {"node3": 2.0}, jobs=tuple(j.job_id for j in jobs))
     assert loop.state.node_history("node3").state == "persistent"

@@ -110,8 +110,13 @@ def test_evict_requeues_the_job_without_the_slow_node(
     assert isinstance(typed["slowdown_pct"], float)
     assert isinstance(typed["job_id"], str)
     assert typed["detected_ts_iso"].endswith("+00:00")
+    inputs = typed["goodput_inputs"]  # issue 24: both figures and what they came from
+    assert inputs["share_from"] == "the job's steps without the node"
+    assert inputs["remaining_from"] == "time limit"
+    assert inputs["saved_s"] > inputs["cost_s"] >= inputs["restart_cost_s"]
     table = _cli(env, "job", "show", job)
     assert "records not believed (evidence rules):" in table
+    assert f"goodput of {typed['id']}: the node costs {inputs['share_pct']} %" in table
     assert "None" not in table
     assert '["' not in table  # reasons in words, not raw JSON
     audit = json.loads(_cli(env, "audit", "--job", job, "--json"))
@@ -251,13 +256,14 @@ def test_restarted_service_releases_a_job_held_mid_eviction(
 
 
 # The cluster's rails (the service's settings) drain persistent stragglers after two incidents,
-# and a 4-node lab partition may lose half of its nodes (the default 5 % would refuse, as the
-# service log says).
+# a slowdown is an incident from its first report (the shipped rail wants 300 s of it, longer
+# than this test), and a 4-node lab partition may lose half of its nodes (the default 5 %
+# would refuse, as the service log says).
 RAILS = {
     "STRAGGLER_DEFAULT_POLICY": "evict-aggressive",
     "STRAGGLER_DRAIN_PERSISTENT": "true",
     "STRAGGLER_SAFETY": '{"max_partition_drained_fraction": 0.5}',
-    "STRAGGLER_PERSISTENCE": '{"incidents": 2}',
+    "STRAGGLER_PERSISTENCE": '{"incidents": 2, "sustained_s": 0}',
 }
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from slurm_plugin import StepReporter
 from slurm_plugin.cli.main import cli
 from slurm_plugin.model import keys
 from slurm_plugin.telemetry.store import TelemetryStore, connect
-from tests.integration.conftest import RedisServer, wait_for
+from tests.integration.conftest import RedisServer, Slurm, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -170,3 +172,47 @@ def test_export_writes_the_trace_csv(redis_url: str, tmp_path: Path) -> None:
     assert lines[1].startswith("81,1,node2,3,0,")
     assert lines[1].endswith(",0.25,0.2,0.04,,pp=1")
     assert lines[2].endswith(",0.25,0.21,0.03,0.01,pp=1")
+
+
+def test_export_writes_the_companions_the_backtest_reads(
+    slurm: Slurm, env: dict[str, str], job_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 24: `straggler export` of a real job writes TRACE.jobs.csv (its start and the end
+    of its time limit, as Slurm says) and TRACE.events.csv (its checkpoints, from Redis);
+    `straggler backtest` reads both and no longer assumes them. A job Slurm does not know
+    gets no jobs file and a one-line warning, never invented facts."""
+    job_id = slurm.sbatch("-N1", "--time=30", f"--output={job_dir / 'x.log'}", "--wrap", "sleep 60")
+    record = slurm.wait_job(job_id, "RUNNING")
+    store = TelemetryStore(connect(env["STRAGGLER_REDIS_URL"]))
+    with StepReporter(job_id, 0, "node1", 0, store_factory=lambda: store) as rep:
+        rep.record(0, 0.25, 0.2, 0.04)
+        rep.event("checkpoint_end", step=0)
+        rep.record(1, 0.25, 0.21, 0.03)
+    out = tmp_path / "trace.csv"
+    result = CliRunner().invoke(cli, ["export", job_id, "-o", str(out), "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    written = json.loads(result.output)
+    assert (written["records"], written["events"], written["jobs"]) == (2, 1, 1)
+    jobs = (tmp_path / "trace.jobs.csv").read_text().splitlines()
+    assert jobs[0] == "job_id,start_ts,end_limit_ts"
+    got_id, start, limit = jobs[1].split(",")
+    started = datetime.fromisoformat(record["StartTime"]).timestamp()
+    assert got_id == job_id
+    assert float(start) == pytest.approx(started, abs=1)
+    assert float(limit) - float(start) == pytest.approx(30 * 60, abs=1)
+    events = (tmp_path / "trace.events.csv").read_text().splitlines()
+    assert events[0] == "job_id,ts,name"
+    assert events[1].startswith(f"{job_id},")
+    assert events[1].endswith(",checkpoint_end")
+    replayed = CliRunner().invoke(cli, ["backtest", str(out), "--json"])
+    assert replayed.exit_code == 0, replayed.output
+    assert not any("TRACE.jobs.csv" in a for a in json.loads(replayed.output)["assumptions"])
+
+    with StepReporter("4242", 0, "node1", 0, store_factory=lambda: store) as rep:
+        rep.record(0, 0.25, 0.2, 0.04)
+    lone = tmp_path / "lone.csv"
+    result = CliRunner().invoke(cli, ["export", "4242", "-o", str(lone)], env=env)
+    assert result.exit_code == 0, result.output
+    assert "warning: no 4242 in Slurm" in result.output
+    assert not (tmp_path / "lone.jobs.csv").exists()
+    assert (tmp_path / "lone.events.csv").read_text().splitlines() == ["job_id,ts,name"]

@@ -5,6 +5,7 @@ decision says how long the slowdown had lasted and how much longer it was expect
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -76,10 +77,12 @@ def test_a_burst_of_six_steps_is_reported_and_not_evicted(
 def test_the_same_slowdown_going_on_is_evicted_once_it_has_lasted(
     make_loop: Callable[..., Loop], tmp_path: Path
 ) -> None:
-    """node3 3x slow from step 300 on: reported every re-arm period; the early reports wait
-    (it may still pass), the one after it has lasted a few minutes evicts."""
+    """node3 3x slow from step 300 on (a third of the job's step time, by the what-if of
+    its steps): reported every re-arm period; the early reports wait (it may still pass:
+    "goodput", then "not sure it lasts"), the first once it is min_lasting_p (60 %) likely to
+    last evicts, ~14 minutes in on a node no other job saw slow (issue 24)."""
     loop = _shipped(make_loop, tmp_path)
-    for cycle in range(600):
+    for cycle in range(1200):
         _cycle(loop, cycle, range(300, 10**9))
         if any(c[0] == "requeue_hold" for c in loop.slurm.changes):
             break
@@ -90,5 +93,6 @@ def test_the_same_slowdown_going_on_is_evicted_once_it_has_lasted(
     assert before, "evicted on the first report"
     assert all(d["decision"] == "annotate" for d in before), before
     assert all(float(d["lasted_s"]) < float(evictions[0]["lasted_s"]) for d in before)
-    assert 60 <= float(evictions[0]["lasted_s"]) <= 300
-    assert float(evictions[0]["lasting_p"]) > 0.9
+    assert 780 <= float(evictions[0]["lasted_s"]) <= 900
+    assert 0.6 <= float(evictions[0]["lasting_p"]) < 0.65
+    assert any(r.startswith("not sure it lasts") for d in before for r in json.loads(d["reasons"]))
