@@ -319,15 +319,35 @@ def minimum_slowdown_pct(event: StragglerEvent, policy: Policy) -> float:
 
 
 def is_slowdown(event: StragglerEvent, policy: Policy) -> bool:
-    """Slower than its peers by at least the policy's minimum. Anything else (a speed-up, a
-    slowdown too small to matter) never enters node history, an annotation or a decision."""
-    return event.slowdown_pct >= minimum_slowdown_pct(event, policy)
+    """Slower than its peers by at least the policy's minimum and, for compute, costing the
+    job at least ``min_job_loss_pct`` of its time when the detector could say. Anything else
+    (a speed-up, a slowdown too small to matter, a rank the job does not wait for) never
+    enters node history, an annotation or a decision."""
+    return event.slowdown_pct >= minimum_slowdown_pct(event, policy) and not _costs_nothing(
+        event, policy
+    )
+
+
+def _costs_nothing(event: StragglerEvent, policy: Policy) -> bool:
+    loss = event.job_loss_pct
+    return (
+        event.cause == "compute"
+        and loss is not None
+        and math.isfinite(loss)
+        and loss < policy.actions.min_job_loss_pct
+    )
 
 
 def _not_acted_on(event: StragglerEvent, policy: Policy) -> str | None:
     """Why an event leads to nothing at all (not even an annotation), or None."""
     if policy.actions.mode == "off":
         return "policy is off"
+    if _costs_nothing(event, policy):
+        return (
+            f"the job would be no faster without {event.node}: it costs "
+            f"{event.job_loss_pct:.2f}% of the job's step time, under the policy's minimum of "
+            f"{policy.actions.min_job_loss_pct:g}% (other ranks are as slow)"
+        )
     if not is_slowdown(event, policy):
         return (
             f"estimated slowdown {event.slowdown_pct:.1f}% is below the policy's "

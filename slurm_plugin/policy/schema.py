@@ -120,6 +120,15 @@ class ActionPolicy(Strict):
         "rest of the job (a fault, not a burst). Every other job that saw the node slow within "
         "the persistence window raises it.",
     )
+    min_job_loss_pct: float = Field(
+        0.5,
+        ge=0,
+        le=100,
+        description="Smallest share of the job's step time a compute straggler must cost it "
+        "(the what-if of its recent steps without the node), %: a rank slower than its peers "
+        "that the job never waits for (others are slower still, as under MoE routing) is "
+        "neither acted on nor counted in node history.",
+    )
     min_lasting_p: float = Field(
         0.6,
         ge=0,

@@ -365,3 +365,37 @@ def test_after_a_restart_ranks_are_bound_to_their_new_nodes() -> None:
     second = [e for e in detector.advance() if isinstance(e, StragglerEvent)]
     assert second
     assert {e.node for e in second} == {"node4"}
+
+
+def _step_ts(spec: JobSpec, step: int) -> float:
+    """When ``step`` began in the generated job (the end of the step before)."""
+    batch = generate(spec)
+    return float(batch.ts[batch.step == step - 1].min())
+
+
+def test_a_slowdown_going_on_keeps_its_age_and_one_that_ended_is_over() -> None:
+    """Issue 24, episodes: node n0001 2x slow for steps 100-139 and again for 260-299, healthy
+    between (72 s apart, within two re-arm periods). Every report of the first burst dates
+    it from step 100; the second burst is a new episode with its own age (it began at step
+    260), never a slowdown that "lasted" since step 100. A slowdown that goes on is one
+    episode for all of its reports."""
+    slow = {
+        r: (lambda s: np.where(((s >= 100) & (s < 140)) | ((s >= 260) & (s < 300)), 1.0, 0.0))
+        for r in range(8, 16)
+    }
+    spec = JobSpec("ep", 64, 420, seed=21, compute_slow=slow, checkpoint_every=0)
+    reports = [e for e in _reports(_run(spec)) if e.node == "n0001"]
+    first = [e for e in reports if e.step < 200]
+    second = [e for e in reports if e.step >= 260]
+    assert first
+    assert second
+    assert [e.since_ts for e in first] == [pytest.approx(_step_ts(spec, 100), abs=1.0)] * len(first)
+    assert [e.since_ts for e in second] == [pytest.approx(_step_ts(spec, 260), abs=1.0)] * len(
+        second
+    )
+    lasting = JobSpec("ep", 64, 420, seed=21, checkpoint_every=0)
+    lasting.compute_slow = {r: step_change(1.0, 100) for r in range(8, 16)}
+    going_on = [e for e in _reports(_run(lasting)) if e.node == "n0001"]
+    assert len(going_on) >= 3
+    began = _step_ts(lasting, 100)
+    assert [e.since_ts for e in going_on] == [pytest.approx(began, abs=1.0)] * len(going_on)

@@ -11,6 +11,7 @@ from slurm_plugin.policy.history import (
     evaluate,
     record_incident,
 )
+from slurm_plugin.policy.rails import PersistencePolicy
 
 DAY = 86400.0
 P = HistoryParams(
@@ -88,3 +89,26 @@ def test_parameters_forbid_single_job_persistence() -> None:
     """distinct_jobs below 2 is refused: one job must never be enough."""
     with pytest.raises(ValueError, match="distinct_jobs"):
         HistoryParams(distinct_jobs=1)
+
+
+def test_only_a_sustained_slowdown_is_an_incident_and_once_per_episode() -> None:
+    """Issue 24: a burst (reported after 40 s) is no incident; a slowdown reported again and
+    again in one episode (one start) is one incident, at the report where it had lasted
+    ``sustained_s``; a new episode of the same job is a new one. Two jobs with a one-minute
+    burst each never make a node persistent."""
+    p = HistoryParams(incidents=2, distinct_jobs=2, sustained_s=300.0)
+    burst = [Incident(str(j), j * 3600.0 + 40, since_ts=j * 3600.0, lasted_s=40) for j in (1, 2)]
+    assert _feed(burst, p).state == "ok"
+    reports = [Incident("1", 100.0 + 30 * i, since_ts=100.0, lasted_s=30.0 * i) for i in range(30)]
+    history = _feed(reports, p)
+    assert len(history.incidents) == 1
+    assert history.incidents[0].lasted_s == 300.0
+    again = _feed([*reports, Incident("1", 5000.0, since_ts=4000.0, lasted_s=1000.0)], p)
+    assert [i.since_ts for i in again.incidents] == [100.0, 4000.0]
+    assert again.state == "suspect"  # one job alone never marks a node
+
+
+def test_the_service_settings_and_the_history_agree_on_every_default() -> None:
+    """The `[persistence]` settings build the history's parameters; their defaults are the
+    same (a changed default in one place would leave tests measuring the other)."""
+    assert PersistencePolicy().params() == HistoryParams()
