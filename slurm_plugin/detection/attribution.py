@@ -1,0 +1,38 @@
+"""What a job would do without a node: the steps of a straggler's episode, and the share of the
+job's step time its ranks cost."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from slurm_plugin.detection.params import F64
+
+
+def job_loss_pct(ready: F64, step: F64, node_ranks: np.ndarray) -> float | None:
+    """The share of the job's step time (%) that the node's ranks cost it over these steps:
+    a synchronous step waits for the slowest rank, so without the node it would end when
+    the slowest of the other ranks is ready (a what-if over the steps, never the node's own
+    slowdown: among many noisy ranks a slower GPU adds only what it exceeds the slowest of
+    the rest by). None when there is nothing to compare with."""
+    rest = np.ones(ready.shape[1], dtype=bool)
+    rest[node_ranks] = False
+    if not rest.any() or not len(ready):
+        return None
+    everyone = np.fmax.reduce(ready, axis=1)
+    without = np.fmax.reduce(np.where(rest[None, :], ready, np.nan), axis=1)
+    gain = np.where(np.isfinite(everyone) & np.isfinite(without), everyone - without, np.nan)
+    ok = np.isfinite(gain) & np.isfinite(step) & (step > 0)
+    if not ok.any():
+        return None
+    return round(100.0 * float(np.sum(np.maximum(gain[ok], 0.0)) / np.sum(step[ok])), 2)
+
+
+def run_start(scores: F64, k: float) -> int:
+    """Index where the CUSUM run that ends at the last score began (after its last zero):
+    the steps that carry the shift, over which the slowdown is estimated."""
+    s, start = 0.0, 0
+    for i, value in enumerate(scores.tolist()):
+        s = max(0.0, s + value - k)
+        if s == 0.0:
+            start = i + 1
+    return min(start, len(scores) - 1)

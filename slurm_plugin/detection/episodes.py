@@ -1,0 +1,107 @@
+"""Episodes: how long a node's slowdown has lasted, and when it is over.
+
+A node reported again soon after its last report, with no step in between on which that
+slowdown was seen to have ended, is the same slowdown going on: it began when that one began
+(how long a slowdown has lasted is what tells a passing burst from a lasting fault). A
+slowdown that ended is over: the next one is a new episode with its own age, so separate
+bursts never add up to one that "lasted" all along.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from slurm_plugin.detection.events import StragglerEvent
+from slurm_plugin.detection.params import F64, DetectionParams
+
+
+@dataclass
+class Episodes:
+    """The episodes of one job attempt's nodes. ``order`` sorts the ranks by node;
+    ``node_starts`` are where each node's ranks begin in that order and ``node_of_group``
+    the node of each such run."""
+
+    params: DetectionParams
+    node_names: list[str]
+    order: np.ndarray
+    node_starts: np.ndarray
+    node_of_group: np.ndarray
+    #: (node, kind) -> (when its slowdown began, step and time of its last report, and which
+    #: end chart tells it is over).
+    _open: dict[tuple[str, str], tuple[float, int, float, tuple[str, int]]] = field(
+        default_factory=dict
+    )
+    #: Per end chart, the current block's rows x columns on which the slowdown was over, the
+    #: block's times; and per chart and column the last such time before the block.
+    _calm: dict[str, np.ndarray] = field(default_factory=dict)
+    _block_ts: F64 = field(default_factory=lambda: np.zeros(0))
+    _calm_ts: dict[str, F64] = field(default_factory=dict)
+
+    def block(self, ts: F64, ended: dict[str, np.ndarray]) -> None:
+        """The current block's times, and per end chart ("compute:rank", "compute:node",
+        "input:node") its rows x columns on which a slowdown there, if any, was over."""
+        self._block_ts, self._calm = ts, ended
+
+    def input_calm(self, rank_ratio: F64) -> np.ndarray:
+        """Per row and node: every rank's input chart is under its threshold, so a data
+        loading excess there, if any, has ended."""
+        shape = (rank_ratio.shape[0], len(self.node_names))
+        if not len(self.node_names) or not rank_ratio.shape[1]:
+            return np.ones(shape, dtype=bool)
+        highest = np.maximum.reduceat(rank_ratio[:, self.order], self.node_starts, axis=1)
+        most = np.zeros(shape)
+        most[:, self.node_of_group] = highest
+        calm: np.ndarray = most < 1.0
+        return calm
+
+    def close_block(self) -> None:
+        """After a block: each column's last calm step, for the blocks to come."""
+        rows = len(self._block_ts)
+        for kind, calm in self._calm.items():
+            if rows:
+                last = rows - 1 - np.argmax(calm[::-1], axis=0)
+                was = self._calm_ts.get(kind, np.full(calm.shape[1], -np.inf))
+                self._calm_ts[kind] = np.where(calm.any(axis=0), self._block_ts[last], was)
+
+    def same_episode(self, event: StragglerEvent, kind: str) -> StragglerEvent:
+        """``event`` dated from the start of its episode: that of the node's last report when
+        it came within two re-arm periods and was not seen to end in between."""
+        key = (event.node, kind)
+        previous = self._open.get(key)
+        since = event.since_ts
+        p = self.params
+        if (
+            previous is not None
+            and (
+                event.step - previous[1] <= 2 * p.rearm_steps
+                or event.ts - previous[2] <= 2 * p.rearm_s
+            )
+            and not self._ended_between(previous[3], previous[2], event.ts)
+        ):
+            since = previous[0] if since is None else min(previous[0], since)
+        start = since if since is not None else event.ts
+        self._open[key] = (start, event.step, event.ts, self._watch(event, kind))
+        return replace(event, since_ts=since) if since != event.since_ts else event
+
+    def _watch(self, event: StragglerEvent, kind: str) -> tuple[str, int]:
+        """What tells that ``event``'s slowdown ended: its rank's end chart (one GPU), its
+        node's (node-wide), or the node's input charts."""
+        if kind == "input":
+            return "input:node", self.node_names.index(event.node)
+        if event.scope == "gpu" and event.ranks:
+            return "compute:rank", int(event.ranks[0])
+        return "compute:node", self.node_names.index(event.node)
+
+    def _ended_between(self, watch: tuple[str, int], after: float, before: float) -> bool:
+        """The slowdown ``watch`` follows ended after ``after`` and before ``before``."""
+        key, index = watch
+        calm = self._calm.get(key)
+        if calm is None or index >= calm.shape[1]:
+            return False
+        ts = self._block_ts
+        if bool(np.any(calm[:, index] & (ts > after) & (ts < before))):
+            return True
+        earlier = self._calm_ts.get(key)  # up to the end of the previous block
+        return earlier is not None and float(earlier[index]) > after
