@@ -342,3 +342,43 @@ def test_ranks_beyond_their_jobs_nodes_are_dropped_as_the_service_does(tmp_path:
     only_bad.write_text(HEADER + "7,1000000000000,n0000,0,5,1700000005.0,1.0,0.5,0.1,0.0\n")
     empty = run_backtest(read_trace(only_bad), Policy(name="b"))
     assert (empty.out_of_range, empty.detections) == (1, [])
+
+
+def test_the_what_if_report_compares_policies_over_a_directory(tmp_path: Path) -> None:
+    """Issue 24 item 5: a directory of two exported traces (each with its companions) under
+    `evict` and `observe`: per policy the GPU-hours lost, spent and saved and the evictions.
+    Both lose the same to the stragglers had nothing been done; observing saves nothing;
+    evicting the lasting +30 % GPU of the job
+    with 10 hours left saves more than it spends within its 50-minute trace. The same GPU in
+    a job whose time limit ends 20 minutes after its start is never evicted (what is left
+    could not pay for the requeue)."""
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for job, limit_h, steps in (("71", 10.0, 5000), ("72", 1 / 3, 1500)):
+        batch = generate(
+            JobSpec(job, 64, steps, seed=int(job), compute_slow={40: step_change(0.30, 50)})
+        )
+        path = traces / f"job-{job}.csv"
+        write_csv([(job, batch)], str(path))
+        start = float(batch.ts.min()) - 1
+        _companions(path, {job: (start, start + limit_h * 3600)}, every_s=60.0)
+    argv = ["backtest", str(traces), "--json"]
+    for name in ("evict", "observe"):
+        argv += ["--policy", str(REPO / "policies" / f"{name}.toml")]
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["assumptions"] == []
+    runs = {p["policy"]: p for p in data["policies"]}
+    evict, observe = runs["evict"]["report"], runs["observe"]["report"]
+    assert (observe["evictions"], observe["saved_gpu_h"], observe["spent_gpu_h"]) == (0, 0, 0)
+    assert evict["evictions"] == 1
+    assert evict["saved_gpu_h"] > evict["spent_gpu_h"] > 0
+    assert evict["lost_gpu_h"] == observe["lost_gpu_h"] > 0  # never evicting: the baseline
+    evicted = {d["job_id"] for d in runs["evict"]["detections"] if d["action"] == "evict"}
+    assert evicted == {"71"}
+    text = CliRunner().invoke(cli, [a for a in argv if a != "--json"])
+    assert text.exit_code == 0, text.output
+    assert "evict" in text.output
+    assert "observe" in text.output
+    assert "SAVED_GPU_H" in text.output
