@@ -8,7 +8,8 @@ companions (time limits, checkpoints), exactly as ``straggler backtest`` would, 
 eviction and persistent node is scored in GPU-hours (``tests/scenarios/scoring.py``) beside
 never evicting and an oracle that evicts exactly when it pays.
 
-``python -m benchmarks.bench_cluster [--quick] [--seeds N] [--jobs N] [--policy FILE ...]``
+``python -m benchmarks.bench_cluster [--quick] [--seeds N] [--first-seed K] [--jobs N]
+[--policy FILE ...]``
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one month of 40 short jobs")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="months from this seed on")
     parser.add_argument("--jobs", type=int, default=120)
     parser.add_argument("--policy", type=Path, action="append", default=[])
     parser.add_argument("-v", "--verbose", action="store_true", help="list what went wrong")
@@ -66,7 +68,7 @@ def main() -> None:
         "of the oracle's net saving",
     ]
     rows: list[list[object]] = []
-    for seed in range(seeds):
+    for seed in range(args.first_seed, args.first_seed + seeds):
         started = time.perf_counter()
         month = cluster_month(seed, jobs, scale)
         made = time.perf_counter() - started

@@ -20,6 +20,7 @@ from slurm_plugin.policy.decide import (
     JobContext,
     decide,
     is_slowdown,
+    outlook,
 )
 from slurm_plugin.policy.loader import (
     active_policies,
@@ -338,3 +339,23 @@ def test_the_rails_are_settings() -> None:
     assert rails.drain_persistent
     with pytest.raises(ValueError, match="max_evictions_per_hr"):
         Settings(safety={"max_evictions_per_hr": 3})
+
+
+@pytest.mark.parametrize("incidents", [0, 1, 3])
+def test_the_age_at_which_a_slowdown_is_believed_is_where_the_outlook_says_so(
+    incidents: int,
+) -> None:
+    """`sure_in_s` (how much longer until min_lasting_p) agrees with the outlook itself: at
+    that age the slowdown is exactly min_lasting_p likely to last (825 s on a fresh node at
+    the shipped prior and transient_s; at once on a node another job saw slow)."""
+    policy = POLICIES["evict"]
+    ctx = JobContext(node_incidents=incidents)
+    young = outlook(_event(lasted_s=0.0), _job(), ctx, policy, NOW)
+    aged = outlook(_event(lasted_s=young.sure_in_s), _job(), ctx, policy, NOW)
+    if young.sure_in_s > 0:
+        assert aged.lasting_p == pytest.approx(policy.actions.min_lasting_p, abs=1e-6)
+    else:
+        assert young.lasting_p >= policy.actions.min_lasting_p
+    assert aged.sure_in_s == pytest.approx(0.0, abs=1e-6)
+    if incidents == 0:
+        assert young.sure_in_s == pytest.approx(825.0)
