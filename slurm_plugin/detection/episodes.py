@@ -67,11 +67,19 @@ class Episodes:
 
     def same_episode(self, event: StragglerEvent, kind: str) -> StragglerEvent:
         """``event`` dated from the start of its episode: that of the node's last report when
-        it came within two re-arm periods and was not seen to end in between."""
+        it came within two re-arm periods and was not seen to end in between. A report that
+        costs the job nothing ends the episode."""
         key = (event.node, kind)
+        p = self.params
+        loss = event.job_loss_pct
+        if kind == "compute" and loss is not None and loss < p.min_job_loss_pct:
+            # The job does not wait for the node (now): no slowdown of the job goes on, so
+            # nothing it does later dates from here (by-design offsets flagged for hours
+            # would otherwise make a later burst look as old as they are).
+            self._open.pop(key, None)
+            return event
         previous = self._open.get(key)
         since = event.since_ts
-        p = self.params
         if (
             previous is not None
             and (

@@ -40,10 +40,13 @@ from slurm_plugin.detection.sync import SyncStallChart
 _INPUT_THRESHOLD = 8.0
 
 
-def _what_if(b: Block) -> tuple[F64, F64]:
-    """Each rank's raw ready time (compute and data loading) and each step's time."""
-    ready = b.compute + np.where(np.isfinite(b.data), b.data, 0.0)
-    return ready, b.step_s if b.step_s.ndim == 1 else row_median(b.step_s)
+def _what_if(b: Block, med_c: F64, scale: np.ndarray | None) -> tuple[F64, F64, F64]:
+    """Each rank's raw ready time (compute and data loading), its ready time had it computed
+    as its peers (the step's median, times its by-design offset), and each step's time."""
+    data = np.where(np.isfinite(b.data), b.data, 0.0)
+    typical = med_c[:, None] * (scale[None, :] if scale is not None else 1.0)
+    step = b.step_s if b.step_s.ndim == 1 else row_median(b.step_s)
+    return b.compute + data, data + typical, step
 
 
 _MAX_ROWS = 1024
@@ -76,9 +79,11 @@ class _Tail:
     excess_compute: F64
     excess_data: F64
     z: F64
-    #: Each rank's raw compute plus data loading (what it brings to the collective), and
-    #: each step's time: the what-if of the job without a node.
+    #: Each rank's raw compute plus data loading (what it brings to the collective), the
+    #: same had it computed as its peers, and each step's time: the what-if of the job
+    #: without a node's slowdown.
     ready: F64
+    healthy: F64
     step: F64
     ts: F64
     offset: int = 0
@@ -250,7 +255,7 @@ class JobDetector:
         self._input_s = input_s[-1] if rows else self._input_s
         input_hit = (input_s > _INPUT_THRESHOLD) & np.isfinite(b.data)
 
-        window = self._window(_Tail(excess_c, excess_d, z, *_what_if(b), b.ts))
+        window = self._window(_Tail(excess_c, excess_d, z, *_what_if(b, med_c, self._scale), b.ts))
         input_calm = self._episodes.input_calm(input_s / _INPUT_THRESHOLD)
         self._episodes.block(b.ts, {**ended, "input:node": input_calm})
         events: list[Event] = []
@@ -460,7 +465,8 @@ class JobDetector:
         else:
             ranks = [int(node_ranks[int(np.argmax(mean_z))])]
         slowdown = float(np.nanmean(excess[lo:hi][:, ranks])) * 100.0
-        job_loss = job_loss_pct(window.ready[lo:hi], window.step[lo:hi], node_ranks)
+        healthy = window.healthy[lo:hi][:, node_ranks] if kind == "compute" else None
+        job_loss = job_loss_pct(window.ready[lo:hi], window.step[lo:hi], node_ranks, healthy)
         # It began when the step before its first slow one ended.
         since = float(window.ts[lo - 1] if lo > 0 else window.ts[lo])
         return StragglerEvent(

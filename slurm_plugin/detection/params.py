@@ -24,6 +24,10 @@ class DetectionParams:
     """What the detector looks for and how sure it must be (policy ``[detection]`` values)."""
 
     min_slowdown_pct: float = 3.0
+    #: A compute report whose what-if says the node costs the job less than this share of
+    #: its step time (%) is no slowdown of the job: it neither starts nor continues an
+    #: episode (and the policy acts on none).
+    min_job_loss_pct: float = 0.5
     false_alarm_arl: float = DEFAULT_ARL
     warmup_steps: int = 20
     #: The warm-up also ends after this many seconds of steps (at least 3 steps): a job of
@@ -54,6 +58,7 @@ class DetectionParams:
     def __post_init__(self) -> None:
         checks = {
             "min_slowdown_pct": self.min_slowdown_pct > 0,
+            "min_job_loss_pct": 0 <= self.min_job_loss_pct <= 100,
             "false_alarm_arl": self.false_alarm_arl > 10,
             "warmup_steps": self.warmup_steps >= 0,
             "warmup_s": self.warmup_s > 0,

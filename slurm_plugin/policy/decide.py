@@ -334,7 +334,7 @@ def _costs_nothing(event: StragglerEvent, policy: Policy) -> bool:
         event.cause == "compute"
         and loss is not None
         and math.isfinite(loss)
-        and loss < policy.actions.min_job_loss_pct
+        and loss < policy.detection.min_job_loss_pct
     )
 
 
@@ -346,7 +346,7 @@ def _not_acted_on(event: StragglerEvent, policy: Policy) -> str | None:
         return (
             f"the job would be no faster without {event.node}: it costs "
             f"{event.job_loss_pct:.2f}% of the job's step time, under the policy's minimum of "
-            f"{policy.actions.min_job_loss_pct:g}% (other ranks are as slow)"
+            f"{policy.detection.min_job_loss_pct:g}% (other ranks are as slow)"
         )
     if not is_slowdown(event, policy):
         return (

@@ -21,6 +21,15 @@ class DetectionPolicy(Strict):
     min_slowdown_pct: float = Field(
         3.0, gt=0, le=1000, description="Smallest compute slowdown of a rank worth acting on, %."
     )
+    min_job_loss_pct: float = Field(
+        0.5,
+        ge=0,
+        le=100,
+        description="Smallest share of the job's step time a compute straggler must cost it "
+        "(the what-if of its recent steps without the node), %: a rank slower than its peers "
+        "that the job never waits for (others are slower still, as under MoE routing) is "
+        "neither acted on nor counted in node history.",
+    )
     false_alarm_arl: float = Field(
         DEFAULT_ARL,
         gt=10,
@@ -119,15 +128,6 @@ class ActionPolicy(Strict):
         description="Chance that a new slowdown on a node no other job saw slow lasts for the "
         "rest of the job (a fault, not a burst). Every other job that saw the node slow within "
         "the persistence window raises it.",
-    )
-    min_job_loss_pct: float = Field(
-        0.5,
-        ge=0,
-        le=100,
-        description="Smallest share of the job's step time a compute straggler must cost it "
-        "(the what-if of its recent steps without the node), %: a rank slower than its peers "
-        "that the job never waits for (others are slower still, as under MoE routing) is "
-        "neither acted on nor counted in node history.",
     )
     min_lasting_p: float = Field(
         0.6,
