@@ -276,13 +276,15 @@ def structure_scenarios(params: DetectionParams) -> list[list[object]]:
 def history_and_trace_scenarios(tmp: Path) -> tuple[list[list[object]], float]:
     jobs = []
     ts = 1_700_000_000.0
-    # Three nodes slow in three different jobs each (persistent); three slow once (not).
+    # Three nodes slow in three different jobs each (persistent); three slow once (not). Each
+    # slowdown (+30 %: the job waits for it) lasts ~9 minutes, long enough to be an incident
+    # (`sustained_s`, 300 s); the jobs run under `observe`, so none is evicted before.
     persistent = {"n0001": 9, "n0004": 33, "n0006": 50}
     once = {"n0002": 17, "n0003": 25, "n0005": 41}
     for j in range(3):
-        slow = {rank: step_change(0.05, 100) for rank in persistent.values()}
+        slow = {rank: step_change(0.30, 100) for rank in persistent.values()}
         if j < len(once):
-            slow[list(once.values())[j]] = step_change(0.05, 100)
+            slow[list(once.values())[j]] = step_change(0.30, 100)
         jobs.append(
             (
                 f"p{j}",
@@ -290,7 +292,7 @@ def history_and_trace_scenarios(tmp: Path) -> tuple[list[list[object]], float]:
                     JobSpec(
                         f"p{j}",
                         64,
-                        400,
+                        1000,
                         noise=NOISE,
                         seed=20 + j,
                         start_ts=ts + j * 3600,
@@ -334,7 +336,7 @@ def history_and_trace_scenarios(tmp: Path) -> tuple[list[list[object]], float]:
     )
     path = tmp / "trace.csv"
     write_csv(jobs, str(path))
-    policy = Policy.model_validate({"name": "bench", "actions": {"mode": "evict"}})
+    policy = Policy.model_validate({"name": "bench", "actions": {"mode": "observe"}})
     with path.open() as handle:
         result = run_backtest(read_trace(handle), policy)
     found = set(result.persistent_nodes)

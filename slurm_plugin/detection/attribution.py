@@ -9,23 +9,32 @@ from slurm_plugin.detection.params import F64
 
 
 def job_loss_pct(
-    ready: F64, step: F64, node_ranks: np.ndarray, healthy: F64 | None = None
+    ready: F64,
+    step: F64,
+    node_ranks: np.ndarray,
+    healthy: F64 | None = None,
+    others: np.ndarray | None = None,
 ) -> float | None:
     """The share of the job's step time (%) that the node's ranks cost it over these steps.
-    A synchronous step waits for the slowest rank, so with the node's ranks ready at
-    ``healthy`` (rows x the node's ranks: their data loading as it was, their compute as
-    their peers'), or without them when None, it would end when the slowest rank is ready:
-    a what-if over the steps, never the node's own slowdown (among many noisy ranks a slower
-    GPU adds only what it exceeds the slowest of the rest by; a rank slow to load its data
-    is not the node computing slowly). None when there is nothing to compare with."""
+    A synchronous step waits for the slowest rank; the what-if puts the node's ranks at
+    ``healthy`` (rows x ranks: their data loading as it was, their compute as their peers'),
+    or leaves them out when None. Ranks of ``others`` (other nodes slow all along the
+    window: stragglers of their own) are taken as healthy on both sides, so two bad nodes in
+    one job do not hide each other: each is charged what it costs once the other is dealt
+    with. Never the node's own slowdown: among many noisy ranks a slower GPU adds only what
+    it exceeds the slowest of the rest by, and a rank slow to load its data is not the node
+    computing slowly. None when there is nothing to compare with."""
     rest = np.ones(ready.shape[1], dtype=bool)
     rest[node_ranks] = False
     if not rest.any() or not len(ready):
         return None
-    everyone = np.fmax.reduce(ready, axis=1)
-    without = np.fmax.reduce(np.where(rest[None, :], ready, np.nan), axis=1)
-    if healthy is not None and healthy.shape[1]:
-        without = np.fmax(without, np.fmax.reduce(healthy, axis=1))
+    base = ready
+    if healthy is not None and others is not None and others.any():
+        base = np.where(others[None, :] & rest[None, :], healthy, ready)
+    everyone = np.fmax.reduce(base, axis=1)
+    without = np.fmax.reduce(np.where(rest[None, :], base, np.nan), axis=1)
+    if healthy is not None:
+        without = np.fmax(without, np.fmax.reduce(healthy[:, node_ranks], axis=1))
     gain = np.where(np.isfinite(everyone) & np.isfinite(without), everyone - without, np.nan)
     ok = np.isfinite(gain) & np.isfinite(step) & (step > 0)
     if not ok.any():

@@ -465,8 +465,15 @@ class JobDetector:
         else:
             ranks = [int(node_ranks[int(np.argmax(mean_z))])]
         slowdown = float(np.nanmean(excess[lo:hi][:, ranks])) * 100.0
-        healthy = window.healthy[lo:hi][:, node_ranks] if kind == "compute" else None
-        job_loss = job_loss_pct(window.ready[lo:hi], window.step[lo:hi], node_ranks, healthy)
+        healthy = others = None
+        if kind == "compute":
+            healthy = window.healthy[lo:hi]
+            # Ranks slow all along the attribution window: stragglers of their own.
+            steady = window.z[max(0, at - keep + 1) : hi].mean(axis=0)
+            others = steady > 2.0 * float(k_base[row])
+        job_loss = job_loss_pct(
+            window.ready[lo:hi], window.step[lo:hi], node_ranks, healthy, others
+        )
         # It began when the step before its first slow one ended.
         since = float(window.ts[lo - 1] if lo > 0 else window.ts[lo])
         return StragglerEvent(

@@ -408,3 +408,19 @@ def test_a_slowdown_going_on_keeps_its_age_and_one_that_ended_is_over() -> None:
     assert len(going_on) >= 3
     began = _step_ts(lasting, 100)
     assert [e.since_ts for e in going_on] == [pytest.approx(began, abs=1.0)] * len(going_on)
+
+
+def test_two_bad_nodes_in_one_job_do_not_hide_each_other() -> None:
+    """Issue 24: two nodes each 30 % slow in one job. Leaving out either alone, the step
+    still waits for the other, so a plain what-if would charge each nothing (neither ever
+    evicted, neither in node history); with the other taken as dealt with, each costs the
+    job its full share."""
+    slow = {r: step_change(0.30, 100) for r in (*range(8, 16), *range(40, 48))}
+    spec = JobSpec("two", 64, 600, seed=9, compute_slow=slow)
+    reports = _reports(_run(spec))
+    costs: dict[str, list[float]] = {}
+    for e in reports:
+        costs.setdefault(e.node, []).append(e.job_loss_pct or 0.0)
+    assert set(costs) == {"n0001", "n0005"}, costs
+    for node, values in costs.items():
+        assert min(values[1:]) > 10.0, (node, values)  # the first: the shift's first steps
