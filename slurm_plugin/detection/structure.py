@@ -64,12 +64,20 @@ def learn(warm: Warmup, layout: Layout, p: DetectionParams) -> tuple[F64, list[d
             groups.append(members)  # labelled: always compared within the group
         else:  # too small a group to compare within: its structure is inferred
             inferred[labels == label] = True
-    unlabelled = np.flatnonzero(inferred & np.isfinite(base) & (np.abs(base) > shared))
+    # Each rank against its own node first: a GPU position slow on every node is structure
+    # also when a whole node is slow besides (a fault from the job's first step).
+    relative = _node_relative(base, layout)
+    positions = _gpu_positions(relative, shared, layout, p, inferred)
+    taken = np.zeros(world, dtype=bool)
+    for members in positions:
+        taken[members] = True
+    unlabelled = np.flatnonzero(inferred & ~taken & np.isfinite(base) & (np.abs(base) > shared))
     groups += _shared_offsets(unlabelled, base, shared, layout, p)
+    learned = [(m, base[m]) for m in groups] + [(m, relative[m]) for m in positions]
     offsets = np.zeros(world)
     found: list[dict[str, object]] = []
-    for members in groups:
-        offset = float(np.median(base[members]))
+    for members, own in learned:
+        offset = float(np.median(own))
         labelled = not bool(inferred[members[0]])
         if abs(offset) <= (floor if labelled else shared):
             continue
@@ -89,16 +97,14 @@ def _shared_offsets(
     candidates: np.ndarray, base: F64, shared: float, layout: Layout, p: DetectionParams
 ) -> list[np.ndarray]:
     """Clusters of ``candidates`` with one offset (sorted by offset, split at gaps) that
-    cover whole nodes (most of a node's ranks) on at least ``structure_min_nodes`` nodes,
-    or one local GPU position on most of the job's nodes (and at least as many)."""
+    cover whole nodes (most of a node's ranks) on at least ``structure_min_nodes`` nodes."""
     order = candidates[np.argsort(base[candidates], kind="stable")]
     if not len(order):
         return []
     values = base[order]
     gaps = np.diff(values) > np.maximum(2.0 * shared, 0.25 * np.abs(values[1:]))
-    rank_node, rank_gpu = layout.rank_node, layout.rank_gpu
+    rank_node = layout.rank_node
     per_node = np.bincount(rank_node, minlength=len(layout.node_names))
-    job_nodes = int(np.count_nonzero(per_node))
     found: list[np.ndarray] = []
     for cluster in np.split(order, np.flatnonzero(gaps) + 1):
         if len(cluster) < 2:
@@ -107,20 +113,43 @@ def _shared_offsets(
         # counts when most of its ranks share it, never for one rank that happens to.
         inside = np.bincount(rank_node[cluster], minlength=len(per_node))
         nodes = np.flatnonzero(2 * inside > per_node)
-        rest = cluster
         if len(nodes) >= p.structure_min_nodes:
-            whole = np.isin(rank_node[cluster], nodes)
-            found.append(cluster[whole])
-            rest = cluster[~whole]
-        if len(rank_gpu) != layout.world:
-            continue
-        # A local GPU position offset on most nodes: the stage each node holds there.
-        gpus = rank_gpu[rest]
-        for gpu in np.unique(gpus).tolist():
-            at = rest[gpus == gpu]
-            spread = len(np.unique(rank_node[at]))
-            if spread >= max(p.structure_min_nodes, (job_nodes + 1) // 2):
-                # The position on every node (some ranks' estimates fell under the
-                # threshold by chance; their node holds the same stage there).
-                found.append(np.flatnonzero((rank_gpu == gpu) & np.isfinite(base)))
+            found.append(cluster[np.isin(rank_node[cluster], nodes)])
+    return found
+
+
+def _node_relative(base: F64, layout: Layout) -> F64:
+    """Each rank's offset against the median rank of its own node."""
+    out = np.full(len(base), np.nan)
+    for node in np.unique(layout.rank_node).tolist():
+        on = np.flatnonzero(layout.rank_node == node)
+        known = on[np.isfinite(base[on])]
+        if len(known) >= 2:
+            out[known] = base[known] - float(np.median(base[known]))
+    return out
+
+
+def _gpu_positions(
+    relative: F64, shared: float, layout: Layout, p: DetectionParams, inferred: np.ndarray
+) -> list[np.ndarray]:
+    """Local GPU positions offset the same way against their own node on most of the job's
+    nodes (and at least ``structure_min_nodes``): the stage each node holds there (a whole
+    pipeline per node, its last stage on GPU 7). The group is the position on every node
+    (some ranks' estimates fall under the threshold by chance; their node holds the same
+    stage there)."""
+    if len(layout.rank_gpu) != layout.world:
+        return []
+    per_node = np.bincount(layout.rank_node, minlength=len(layout.node_names))
+    job_nodes = int(np.count_nonzero(per_node))
+    needed = max(p.structure_min_nodes, (job_nodes + 1) // 2)
+    found: list[np.ndarray] = []
+    for gpu in np.unique(layout.rank_gpu).tolist():
+        at = np.flatnonzero((layout.rank_gpu == gpu) & inferred & np.isfinite(relative))
+        for sign in (1.0, -1.0):
+            off = at[sign * relative[at] > shared]
+            if len(np.unique(layout.rank_node[off])) < needed:
+                continue
+            values = relative[off]
+            if np.ptp(values) <= max(2.0 * shared, 0.5 * float(np.median(np.abs(values)))):
+                found.append(at)
     return found

@@ -257,3 +257,20 @@ def test_a_labelled_group_too_small_to_compare_within_is_inferred() -> None:
     slow = {r: step_change(0.02, 0) for r in range(2)}
     events, _ = _events(JobSpec("fs", WORLD, 500, seed=14, compute_slow=slow, groups=labels))
     assert all(e.slowdown_pct < 3.0 for e in events), events
+
+
+def test_a_gpu_position_is_structure_also_beside_a_node_slow_from_the_start() -> None:
+    """Two nodes, each holding a whole pipeline (local GPU 7 +20 % by design), one of them
+    40 % slow on every GPU from the first step (a fault). Against the job's median the two
+    GPU 7s share no offset; against their own nodes they do: structure. The slow node is
+    the only straggler, and the healthy node's GPU 7 is never reported."""
+    slow = {r: step_change(0.2, 0) for r in (7, 15)}
+    for r in range(8, 16):
+        base = 0.2 if r == 15 else 0.0
+        slow[r] = step_change((1 + base) * 1.4 - 1, 0)
+    events, det = _events(JobSpec("two", 16, 300, seed=15, compute_slow=slow))
+    assert events
+    assert {e.node for e in events} == {"n0001"}, events
+    detector = det._jobs["two"].detector
+    assert detector is not None
+    assert [g["ranks"] for g in detector.structure] == [2]
