@@ -145,11 +145,14 @@ def _gpu_positions(
     found: list[np.ndarray] = []
     for gpu in np.unique(layout.rank_gpu).tolist():
         at = np.flatnonzero((layout.rank_gpu == gpu) & inferred & np.isfinite(relative))
-        for sign in (1.0, -1.0):
-            off = at[sign * relative[at] > shared]
-            if len(np.unique(layout.rank_node[off])) < needed:
-                continue
-            values = relative[off]
-            if np.ptp(values) <= max(2.0 * shared, 0.5 * float(np.median(np.abs(values)))):
-                found.append(at)
+        if not len(at):
+            continue
+        typical = float(np.median(relative[at]))
+        if abs(typical) <= shared:
+            continue
+        # Most nodes agree on the position's offset (a bad GPU there on one node does not
+        # spoil it: it stays a straggler against the learned baseline).
+        agree = at[np.abs(relative[at] - typical) <= max(2.0 * shared, 0.5 * abs(typical))]
+        if len(np.unique(layout.rank_node[agree])) >= needed:
+            found.append(at)
     return found
