@@ -34,7 +34,9 @@ class _JobState:
     last_step: int = -1
     last_ts: float = float("-inf")
     hang_reported_at: float | None = None
-    rank_last_step: dict[int, tuple[int, float]] = field(default_factory=dict)
+    #: Per rank (index), the step and time of its newest record; step -1: none yet.
+    rank_step: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    rank_ts: np.ndarray = field(default_factory=lambda: np.zeros(0))
     rank_node: dict[int, str] = field(default_factory=dict)
     rank_gpu: dict[int, int] = field(default_factory=dict)
     rank_group: dict[int, str] = field(default_factory=dict)
@@ -103,10 +105,10 @@ class Detector:
     def last_step_incomplete(self, job_id: str) -> bool:
         """Some ranks reported a later step than others: the job stopped inside a step."""
         state = self._jobs.get(job_id)
-        if state is None or not state.rank_last_step:
+        if state is None:
             return False
-        steps = [step for step, _ in state.rank_last_step.values()]
-        return min(steps) < max(steps)
+        steps = state.rank_step[state.rank_step >= 0]
+        return bool(len(steps)) and int(steps.min()) < int(steps.max())
 
     def _advance_job(self, state: _JobState, final: bool) -> list[Event]:
         if not state.pending:
@@ -118,7 +120,8 @@ class Detector:
             state.attempt = newest
             state.detector = None
             state.last_step = -1
-            state.rank_last_step.clear()
+            state.rank_step = np.zeros(0, dtype=np.int64)
+            state.rank_ts = np.zeros(0)
             # A restarted job runs on other nodes: ranks are bound to nodes anew, so a
             # straggler is attributed to its new node, never to the one just excluded.
             state.rank_node.clear()
@@ -164,8 +167,13 @@ class Detector:
         size = int(rank.max()) + 1
         present = np.zeros(size, dtype=bool)
         present[rank] = True
-        ranks = np.flatnonzero(present).tolist()
-        new = [r for r in ranks if r not in state.rank_node]
+        if len(state.rank_step) < size:
+            grow = size - len(state.rank_step)
+            state.rank_step = np.concatenate([state.rank_step, np.full(grow, -1, np.int64)])
+            state.rank_ts = np.concatenate([state.rank_ts, np.full(grow, -np.inf)])
+        # A rank is new when it has no newest record yet (every bound rank has one).
+        new = np.flatnonzero(present & (state.rank_step[:size] < 0)).tolist()
+        new = [r for r in new if r not in state.rank_node]
         if new:
             first = np.full(size, len(rank))
             np.minimum.at(first, rank, np.arange(len(rank)))
@@ -180,12 +188,9 @@ class Detector:
         at_newest = ts == newest_ts[rank]
         newest_step = np.full(size, -1)
         np.maximum.at(newest_step, rank[at_newest], step[at_newest])
-        for r, s, t in zip(
-            ranks, newest_step[ranks].tolist(), newest_ts[ranks].tolist(), strict=True
-        ):
-            prev = state.rank_last_step.get(r)
-            if prev is None or s >= prev[0]:
-                state.rank_last_step[r] = (s, t)
+        later = present & (newest_step >= state.rank_step[:size])
+        state.rank_step[:size][later] = newest_step[later]
+        state.rank_ts[:size][later] = newest_ts[later]
 
     def _detector(self, state: _JobState) -> JobDetector:
         world = max(state.rank_node) + 1
@@ -246,16 +251,16 @@ class Detector:
             stalled = now - state.last_ts
             if stalled < self.params.hang_timeout_s or state.hang_reported_at is not None:
                 continue
-            if not state.rank_last_step:
+            seen = np.flatnonzero(state.rank_step >= 0)
+            if not len(seen):
                 continue
             state.hang_reported_at = now
-            last = state.rank_last_step
-            lowest = min(step for step, _ in last.values())
-            firsts = [r for r, (step, _) in last.items() if step == lowest]
-            if len(firsts) == len(last):  # all at the same step: the earliest to report it
-                earliest = min(ts for _, ts in last.values())
-                firsts = [r for r, (_, ts) in last.items() if ts - earliest < 1e-3]
-            firsts = sorted(firsts)[:16]
+            steps, times = state.rank_step[seen], state.rank_ts[seen]
+            lowest = int(steps.min())
+            first = seen[steps == lowest]
+            if len(first) == len(seen):  # all at the same step: the earliest to report it
+                first = seen[times - float(times.min()) < 1e-3]
+            firsts = sorted(int(r) for r in first)[:16]
             events.append(
                 HangEvent(
                     job_id=state.job_id,
