@@ -54,6 +54,8 @@ class Replay:
     evictions: dict[str, list[float]] = field(default_factory=dict)
     excluded: dict[str, set[str]] = field(default_factory=dict)
     waiting: dict[str, _Waiting] = field(default_factory=dict)
+    #: Per job, its first and last record's time.
+    first_ts: dict[str, float] = field(default_factory=dict)
     last_ts: dict[str, float] = field(default_factory=dict)
     #: Per job, when a wait ran out without a checkpoint.
     missed: dict[str, float] = field(default_factory=dict)
@@ -64,6 +66,9 @@ class Replay:
         last = np.full(len(self.trace.job_names), -np.inf)
         np.maximum.at(last, codes, self.trace.ts)
         self.last_ts = dict(zip(self.trace.job_names, last.tolist(), strict=True))
+        first = np.full(len(self.trace.job_names), np.inf)
+        np.minimum.at(first, codes, self.trace.ts)
+        self.first_ts = dict(zip(self.trace.job_names, first.tolist(), strict=True))
         self._params = DetectionParams(**self.policy.detection.model_dump())
 
     def _job(self, name: str) -> JobInfo:
@@ -72,7 +77,7 @@ class Replay:
             codes = np.flatnonzero(np.bincount(self.trace.node_code[mine])).tolist()
             nodes = tuple(sorted(self.trace.node_names[c] for c in codes))
             facts = self.context.jobs.get(name)
-            start = float(self.trace.ts[mine].min())
+            start = self.first_ts[name]
             if facts is not None and facts.start_ts is not None:
                 start = min(start, facts.start_ts)
             limit = None
@@ -106,8 +111,7 @@ class Replay:
         medians, as :func:`slurm_plugin.detection.recheck.recent_slowdown_pct`), against the
         same ratio over the job's first steps: a pipeline stage or another GPU model on the
         node is its baseline, not a slowdown."""
-        code = self.trace.job_names.index(event.job_id)
-        start = float(self.trace.ts[np.argmax(self.trace.job_code == code)])
+        start = self.first_ts[event.job_id]
         first = self._ratio(event, start, start + 4 * steps * self._step(event.job_id), steps, 1)
         recent = self._ratio(event, now - 4 * steps * self._step(event.job_id), now, steps, -1)
         if recent is None:
