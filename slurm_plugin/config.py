@@ -135,6 +135,13 @@ class Settings(BaseSettings):
         description="How long an action whose outcome Slurm did not tell us (timeout, "
         "slurmctld away) is re-checked before it is given up as not done.",
     )
+    evidence_max_age_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=86400,
+        description="A node sidecar's sample older (or newer) than this many seconds is no "
+        "evidence about the node: it is shown in the decision, never corroborates a drain.",
+    )
     metrics_port: int = Field(
         default=0, ge=0, le=65535, description="Prometheus metrics port (0: no endpoint)."
     )

@@ -90,9 +90,10 @@ def _events(store: TelemetryStore, job_id: str) -> Iterator[tuple[str, float, st
     """The job's events (name and time) from its stream, oldest first, page by page."""
     after = "0-0"
     while True:
-        page, after = store.read_events(job_id, after, count=1000)
-        if not page:
+        page, cursor, _malformed = store.read_events(job_id, after, count=1000)
+        if cursor == after:  # a page of malformed events only still moves on
             return
+        after = cursor
         for event in page:
             ts, name = event.get("ts"), event.get("name")
             if isinstance(ts, int | float) and math.isfinite(ts) and isinstance(name, str):

@@ -246,16 +246,32 @@ def decode_steps(job_id: str, fields: Mapping[str, str]) -> list[StepRecord]:
     ]
 
 
+#: The largest JSON record (an event, a GPU sample) taken: a job's own fields, never a dump.
+MAX_JSON_ENTRY_BYTES = 16384
+
+
 def encode_json_entry(payload: Mapping[str, Any]) -> dict[str, str]:
-    """Stream fields for a low-rate JSON record (events, GPU samples)."""
-    return {"json": json.dumps(payload, separators=(",", ":"), allow_nan=False, default=str)}
+    """Stream fields for a low-rate JSON record (events, GPU samples); :class:`TelemetryError`
+    when a value is not finite (a diverged loss) or the record is over the size bound."""
+    try:
+        text = json.dumps(payload, separators=(",", ":"), allow_nan=False, default=str)
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise TelemetryError(f"record is not plain JSON with finite numbers: {exc}") from None
+    if len(text) > MAX_JSON_ENTRY_BYTES:
+        raise TelemetryError(f"record of {len(text)} bytes, over {MAX_JSON_ENTRY_BYTES}")
+    return {"json": text}
+
+
+def _no_constant(name: str) -> Any:
+    raise TelemetryError(f"entry holds {name}, not a finite number")
 
 
 def decode_json_entry(fields: Mapping[str, str]) -> dict[str, Any]:
-    """Decode :func:`encode_json_entry`; raise :class:`TelemetryError` when malformed."""
+    """Decode :func:`encode_json_entry`; raise :class:`TelemetryError` when malformed (NaN and
+    the infinities included: Python's JSON reads them, our writers never write them)."""
     try:
-        value = json.loads(_field(fields, "json"))
-    except json.JSONDecodeError as exc:
+        value = json.loads(_field(fields, "json"), parse_constant=_no_constant)
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise TelemetryError(f"entry is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise TelemetryError("entry JSON is not an object")

@@ -11,6 +11,7 @@ job's control and is attached to every straggler decision.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -152,20 +153,45 @@ def _low_clock(gpu: Mapping[str, Any]) -> str:
 
 
 def gather_evidence(
-    state: ServiceState, store: TelemetryStore, job_id: str, node: str, gpus: Sequence[int]
+    state: ServiceState,
+    store: TelemetryStore,
+    job_id: str,
+    node: str,
+    gpus: Sequence[int],
+    now: float,
+    max_age_s: float,
 ) -> tuple[list[str], list[str]]:
     """(trusted, job-reported) hardware evidence about ``node``. Trusted: the root-run node
-    sidecar's latest sample and the prolog's last check; job-reported: the job's own gpu
-    stream (an in-job sidecar), which the job's user could forge, so it never corroborates."""
+    sidecar's latest sample, when it is at most ``max_age_s`` from ``now`` (a sidecar that
+    stopped a week ago says nothing of the node today), and the prolog's last check;
+    job-reported: the job's own gpu stream (an in-job sidecar), which the job's user could
+    forge, so it never corroborates, and what a stale sample said, marked so."""
     try:
         raw = state.node(node)
-        trusted_samples = [json.loads(raw["sidecar"])] if raw.get("sidecar") else []
+        sample = json.loads(raw["sidecar"]) if raw.get("sidecar") else None
         last_check = json.loads(raw.get("last_check") or "{}")
-        reported = store.read_json(keys.job_gpu(job_id), count=50)
+        reported_samples = store.read_json(keys.job_gpu(job_id), count=50)
     except (StragglerError, redis.RedisError, ValueError, TypeError) as exc:
         log.warning("service.evidence_unreadable", job_id=job_id, node=node, error=str(exc))
         return [], []
     if not isinstance(last_check, dict):
         last_check = {}
-    trusted = hardware_evidence(trusted_samples, node, gpus, last_check)
-    return trusted, hardware_evidence(reported, node, gpus)
+    fresh, stale = [], []
+    if isinstance(sample, dict):
+        age = sample_age(sample, now)
+        if age is not None and abs(age) <= max_age_s:
+            fresh.append(sample)
+        else:
+            when = "with no time" if age is None else f"{age:.0f} s old"
+            found = hardware_evidence([sample], node, gpus)
+            stale = [f"stale sidecar sample ({when}, not evidence): {f}" for f in found]
+    trusted = hardware_evidence(fresh, node, gpus, last_check)
+    return trusted, hardware_evidence(reported_samples, node, gpus) + stale
+
+
+def sample_age(sample: Mapping[str, Any], now: float) -> float | None:
+    """Seconds since the sample was taken; None when it carries no finite time."""
+    ts = sample.get("ts")
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
+        return None
+    return now - float(ts)

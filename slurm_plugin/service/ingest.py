@@ -154,8 +154,11 @@ class Ingest:
         the period between its checkpoints (the goodput rule's wait for the next one)."""
         job_state = self.state.job(job.job_id)
         cursor = job_state.get("events_cursor", "0-0")
-        events, cursor = self.store.read_events(job.job_id, cursor)
+        events, cursor, malformed = self.store.read_events(job.job_id, cursor)
         update: dict[str, Any] = {"events_cursor": cursor}
+        if malformed:  # counted where `job show` finds it; the cycle goes on
+            self.state.count_ignored(job.job_id, {"malformed_event": malformed})
+            self.metrics.ignored.labels(reason="malformed_event").inc(malformed)
         ends = [e["ts"] for e in events if e.get("name") == "checkpoint_end"]
         checkpoints = [t for t in ends if isinstance(t, int | float) and math.isfinite(t)]
         if checkpoints:  # a forged or broken ts is ignored, never fatal to the cycle

@@ -261,7 +261,15 @@ class Service:
             self._annotate(job, text, policy)
             return {"id": decision_id, "action": "report", "kind": event.kind}
         gpus = [event.gpu] if event.scope == "gpu" and event.gpu is not None else []
-        evidence, reported = gather_evidence(self.state, self.store, job.job_id, event.node, gpus)
+        evidence, reported = gather_evidence(
+            self.state,
+            self.store,
+            job.job_id,
+            event.node,
+            gpus,
+            time.time(),  # the sidecar stamps samples with the wall clock
+            self.settings.evidence_max_age_s,
+        )
         past = self._node_incidents(event.node, job, now)
         if is_slowdown(event, policy):  # speed-ups and small blips never enter node history
             self._node_rails.remember(

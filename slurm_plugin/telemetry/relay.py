@@ -32,7 +32,7 @@ import structlog
 
 from slurm_plugin.errors import RedisUnavailableError, StragglerError, TelemetryError
 from slurm_plugin.model import keys
-from slurm_plugin.model.records import FlushHeader, check_steps, flush_id
+from slurm_plugin.model.records import FlushHeader, check_steps, encode_json_entry, flush_id
 from slurm_plugin.model.relayed import encode_relayed
 from slurm_plugin.telemetry.store import TelemetryStore
 
@@ -83,8 +83,12 @@ class _Flush:
     events: list[dict[str, Any]]
     refresh_ttl: bool
     steps_maxlen: int | None
+    #: Events refused when read (not plain finite JSON): counted, answered, never stored.
+    invalid_events: int = 0
     done: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
+    #: The relay cannot publish this flush (not Redis being away): the rank goes to Redis.
+    refused: bool = False
 
 
 def parse_message(line: bytes) -> _Flush:
@@ -107,14 +111,25 @@ def parse_message(line: bytes) -> _Flush:
     ):
         raise TelemetryError("a flush message holds steps entries, events and steps_maxlen")
     job_id = keys.check_job_id(str(message.get("job_id", "")))
+    good = [e for e in events if _storable(e)]
     return _Flush(
         job_id,
         [check_steps(fields) for fields in steps],  # every value checked; raises on a bad one
         [flush_id(fields) for fields in steps],
-        events,
+        good,
         bool(message.get("refresh_ttl")),
         maxlen,
+        invalid_events=len(events) - len(good),
     )
+
+
+def _storable(event: dict[str, Any]) -> bool:
+    """An event Redis can take as it is (a NaN one would fail the tick of every job here)."""
+    try:
+        encode_json_entry(event)
+    except TelemetryError:
+        return False
+    return True
 
 
 class Relay:
@@ -152,6 +167,7 @@ class Relay:
         self.entries = 0
         self.refused = 0
         self.repeats = 0
+        self.invalid_events = 0
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -266,12 +282,21 @@ class Relay:
             return self._refuse(
                 f"this process runs in job {peer_job or 'none'}, not {flush.job_id}", peer_job
             )
+        if flush.invalid_events:
+            self.invalid_events += flush.invalid_events
+            log.warning(
+                "relay.invalid_events",
+                node=self.node,
+                job_id=flush.job_id,
+                refused=flush.invalid_events,
+                refused_total=self.invalid_events,
+            )
         with self._lock:
             self._queue.append(flush)
         # Answered after the tick that stores it (or the relay's stop).
         if not flush.done.wait(self.tick_s + ANSWER_WAIT_S):
             return {"ok": False, "error": "relay busy: flush not stored in time"}
-        return {"ok": True} if flush.error is None else {"ok": False, "error": flush.error}
+        return _reply(flush)
 
     def _refuse(self, why: str, peer_job: str | None) -> dict[str, Any]:
         self.refused += 1
@@ -287,8 +312,17 @@ class Relay:
     def _publish_loop(self) -> None:
         while not self._stop.wait(self.tick_s):
             taken = self._take()
-            if taken:
-                self._answer(taken, self.publish(taken))
+            if not taken:
+                continue
+            try:
+                error = self.publish(taken)
+            except Exception as exc:  # never the end of every job's telemetry on this node
+                log.exception("relay.publish_crashed", node=self.node)
+                for flush in taken:
+                    if not flush.done.is_set():
+                        flush.error, flush.refused = f"relay cannot publish: {exc}", True
+                error = None
+            self._answer(taken, error)
 
     def publish(self, flushes: Sequence[_Flush]) -> str | None:
         """One steps entry per job for ``flushes``, with their events, in one pipeline per
@@ -311,7 +345,7 @@ class Relay:
             maxlens = [max(1000, f.steps_maxlen // ranks_here) for f in group if f.steps_maxlen]
             self._seq += 1
             try:
-                self.store.publish(
+                self.invalid_events += self.store.publish(
                     job_id,
                     [encode_relayed(self.node, steps, f"{self._session}.{self._seq}")]
                     if steps
@@ -324,6 +358,11 @@ class Relay:
                 error = str(exc)
                 for flush in group:
                     flush.error = error
+                continue
+            except Exception as exc:  # this job's flushes alone; the other jobs' go on
+                log.exception("relay.publish_crashed", node=self.node, job_id=job_id)
+                for flush in group:
+                    flush.error, flush.refused = f"relay cannot publish: {exc}", True
                 continue
             now = time.monotonic()
             for head, fid in fresh:
@@ -351,6 +390,15 @@ class Relay:
             if error is not None and flush.error is None:
                 flush.error = error
             flush.done.set()
+
+
+def _reply(flush: _Flush) -> dict[str, Any]:
+    """The answer to a flush the publisher is done with."""
+    if flush.refused:
+        return {"ok": False, "refused": True, "error": flush.error}
+    if flush.error is not None:
+        return {"ok": False, "error": flush.error}
+    return {"ok": True, "invalid_events": flush.invalid_events}
 
 
 class RelayRefusedError(TelemetryError):
@@ -395,7 +443,9 @@ class RelayClient:
         *,
         refresh_ttl: bool = False,
         steps_maxlen: int | None = None,
-    ) -> None:
+    ) -> int:
+        """Send one flush and wait for the relay's answer; the events it refused (they are
+        gone: sending them again would be refused again)."""
         message = {
             "job_id": job_id,
             "steps": list(steps),
@@ -408,7 +458,7 @@ class RelayClient:
             if self._conn is None:
                 self._open()
             assert self._conn is not None  # noqa: S101 - _open sets it or raises
-            self._conn.sendall(json.dumps(message, default=str).encode() + b"\n")
+            self._conn.sendall(json.dumps(message, default=str, allow_nan=False).encode() + b"\n")
             line = self._reader.readline(65536)
         except OSError as exc:
             self.close()
@@ -427,6 +477,8 @@ class RelayClient:
                 f"relay {self.socket_path} did not store the flush "
                 f"({reply.get('error', '?')}, after {time.monotonic() - started:.1f} s)"
             )
+        refused = reply.get("invalid_events", 0)
+        return refused if isinstance(refused, int) and refused >= 0 else 0
 
     def close(self) -> None:
         if self._reader is not None:

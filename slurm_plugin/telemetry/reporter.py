@@ -25,11 +25,12 @@ from typing import Any
 
 import structlog
 
-from slurm_plugin.errors import StragglerError
+from slurm_plugin.errors import StragglerError, TelemetryError
 from slurm_plugin.model import keys
 from slurm_plugin.model.records import (
     RawStep,
     check_group,
+    encode_json_entry,
     encode_steps,
     is_valid_raw,
     non_negative_int,
@@ -190,9 +191,11 @@ class StepReporter:
         self._phase_timers = {name: _PhaseTimer(self, i) for i, name in enumerate(PHASES)}
         self._last_ttl_refresh = -math.inf
         self._redis_down = False
+        self._busy = False  # the flusher holds drained records it has not yet stored
         # Counters (read them; the flusher thread and record() update them).
         self.dropped = 0
         self.invalid = 0
+        self.invalid_events = 0
         self.published = 0
         self._dropped_reported = 0
         if not self.enabled:
@@ -287,9 +290,11 @@ class StepReporter:
             raise ValueError(f"unknown phase {name!r}; use one of {PHASES}") from None
 
     def event(self, name: str, **fields: Any) -> None:
-        """Report a job event (e.g. ``checkpoint_begin``/``checkpoint_end`` with ``step=``)."""
+        """Report a job event (e.g. ``checkpoint_begin``/``checkpoint_end`` with ``step=``).
+        The flusher refuses (and counts in ``invalid_events``) one whose fields are not plain
+        finite values, such as ``loss=float("nan")``; the steps around it are published."""
         self._events.append(
-            {"name": str(name), "ts": time.time(), "rank": self.rank, "node": self.node, **fields}
+            {**fields, "name": str(name), "ts": time.time(), "rank": self.rank, "node": self.node}
         )
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -299,10 +304,15 @@ class StepReporter:
         if not self.enabled or self._thread is None:
             return True
         deadline = time.monotonic() + timeout_s
-        while (self._buf or self._pending or self._events) and time.monotonic() < deadline:
+        while self._unpublished() and time.monotonic() < deadline:
             self._wake.set()
             time.sleep(0.01)
-        return not (self._buf or self._pending or self._events)
+        return not self._unpublished()
+
+    def _unpublished(self) -> bool:
+        # While the flusher publishes, the records are in its hands, not in the buffers: an
+        # empty buffer then does not mean stored (a flush during an outage said True).
+        return bool(self._busy or self._buf or self._pending or self._events)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Flush what is buffered (waiting at most ``timeout_s``) and stop the flusher."""
@@ -330,6 +340,7 @@ class StepReporter:
     def _become_inert(self) -> None:
         self._buf = deque(maxlen=1)
         self._pending = []
+        self._busy = False  # the parent's flusher may have been mid-flush at the fork
         self._thread = None
         self.enabled = False
         self.record = _noop  # type: ignore[method-assign]
@@ -342,11 +353,14 @@ class StepReporter:
             self._wake.wait(delay)
             self._wake.clear()
             stopping = self._stop.is_set()
+            self._busy = True
             try:
                 ok = self._flush_once()
             except Exception:
                 log.exception("telemetry.flush_crashed", job_id=self.job_id, rank=self.rank)
                 ok = False
+            finally:
+                self._busy = False
             if stopping:
                 return
             if ok:
@@ -374,6 +388,28 @@ class StepReporter:
                 detail="step must be an integer >= 0; durations finite and >= 0",
             )
         return batch
+
+    def _valid_events(self) -> list[dict[str, Any]]:
+        """The buffered events, less those that can never be stored (counted, logged, gone:
+        sent again they would fail every flush after them)."""
+        events = []
+        while self._events:
+            event = self._events.popleft()
+            try:
+                encode_json_entry(event)
+            except TelemetryError as exc:
+                self.invalid_events += 1
+                log.warning(
+                    "telemetry.invalid_event",
+                    job_id=self.job_id,
+                    rank=self.rank,
+                    event_name=str(event.get("name"))[:64],
+                    error=str(exc),
+                    refused_total=self.invalid_events,
+                )
+                continue
+            events.append(event)
+        return events
 
     def _entry(self, raws: list[RawStep], flush: str) -> _Entry:
         fields = encode_steps(
@@ -411,8 +447,7 @@ class StepReporter:
         retrying = bool(self._pending)
         pending = self._bounded(self._pending + self._encode(self._drain()))
         self._pending = []
-        events = list(self._events)
-        self._events.clear()
+        events = self._valid_events()
         lost = self.dropped - self._dropped_reported
         if not pending and not events and not lost:
             return True
@@ -435,10 +470,11 @@ class StepReporter:
                     "node": self.node,
                     "dropped": lost,
                     "invalid": self.invalid,
+                    "invalid_events": self.invalid_events,
                 }
             )
         try:
-            self._store.publish(
+            refused = self._store.publish(
                 self.job_id,
                 [e.fields for e in pending],
                 events,
@@ -448,8 +484,12 @@ class StepReporter:
         except StragglerError as exc:
             kept = [e for e in events if e["name"] != "telemetry_dropped"]
             return self._failed(pending, kept, exc)
+        except Exception as exc:  # a surprise, not Redis: keep the steps (bounded), not events
+            log.exception("telemetry.publish_crashed", job_id=self.job_id, rank=self.rank)
+            return self._failed(pending, [], exc)
         if refresh:
             self._last_ttl_refresh = now
+        self.invalid_events += refused or 0
         self.published += sum(len(e.raws) for e in pending)
         self._dropped_reported += lost
         if self._redis_down:

@@ -10,9 +10,10 @@ trouble is logged and retried at the next tick; the sidecar itself never stops o
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +60,21 @@ class Sidecar:
             )
 
     def sample(self) -> dict[str, Any]:
-        """One node sample: every GPU plus the CPU signals."""
+        """One node sample: every GPU plus the CPU signals. A reading that is not a finite
+        number (a driver's NaN) becomes null and is counted in ``unreadable``: one bad value
+        never costs the node its whole sample."""
+        raw = {
+            "gpus": [g.to_dict() for g in self.probe.sample()] if self.probe else [],
+            "cpu": sample_cpu(self.proc_root).to_dict(),
+        }
+        bad: list[int] = [0]
+        clean = _finite(raw, bad)
         return {
             "node": self.node,
             "ts": self.clock(),
-            "gpus": [g.to_dict() for g in self.probe.sample()] if self.probe else [],
-            "cpu": sample_cpu(self.proc_root).to_dict(),
+            **clean,
             "nvml": self.probe is not None,
+            **({"unreadable": bad[0]} if bad[0] else {}),
         }
 
     def publish_once(self) -> dict[str, Any]:
@@ -74,9 +83,8 @@ class Sidecar:
         if self.job_id is not None:
             self.store.publish(self.job_id, gpu_samples=[sample])
         else:
-            self.store.client.hset(
-                keys.node(self.node), "sidecar", json.dumps(sample, separators=(",", ":"))
-            )
+            text = json.dumps(sample, separators=(",", ":"), allow_nan=False, default=str)
+            self.store.client.hset(keys.node(self.node), "sidecar", text)
         return sample
 
     def run(
@@ -101,3 +109,15 @@ class Sidecar:
         """Release NVML."""
         if self.probe is not None:
             self.probe.close()
+
+
+def _finite(value: Any, bad: list[int]) -> Any:
+    """``value`` with every non-finite float replaced by None (counted in ``bad[0]``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        bad[0] += 1
+        return None
+    if isinstance(value, Mapping):
+        return {k: _finite(v, bad) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v, bad) for v in value]
+    return value

@@ -204,18 +204,27 @@ class TelemetryStore:
         *,
         refresh_ttl: bool = False,
         steps_maxlen: int | None = None,
-    ) -> None:
-        """Append encoded step batches, events and GPU samples of one job in one round trip."""
+    ) -> int:
+        """Append encoded step batches, events and GPU samples of one job in one round trip;
+        the number of events and samples refused (a NaN, an unencodable value: logged, never
+        stored, never worth sending again, and never the reason the steps are lost)."""
         maxlen = steps_maxlen or self.steps_maxlen
         pipe = self.client.pipeline(transaction=False)
         for fields in steps:
             pipe.xadd(keys.job_steps(job_id), _fields(fields), maxlen=maxlen, approximate=True)
+        refused = 0
         for key, entries, cap in (
             (keys.job_events(job_id), events, keys.EVENTS_MAXLEN),
             (keys.job_gpu(job_id), gpu_samples, keys.GPU_MAXLEN),
         ):
             for entry in entries:
-                pipe.xadd(key, _fields(encode_json_entry(entry)), maxlen=cap, approximate=True)
+                try:
+                    encoded = encode_json_entry(entry)
+                except TelemetryError as exc:
+                    refused += 1
+                    log.warning("telemetry.record_refused", job_id=job_id, error=str(exc))
+                    continue
+                pipe.xadd(key, _fields(encoded), maxlen=cap, approximate=True)
         if refresh_ttl:
             for key in keys.job_streams(job_id):
                 pipe.expire(key, keys.JOB_TTL_ACTIVE_S)
@@ -223,6 +232,7 @@ class TelemetryStore:
             pipe.execute()
         except redis.RedisError as exc:
             raise RedisUnavailableError(f"publish for job {job_id} failed: {exc}") from exc
+        return refused
 
     def register_job(self, job_id: str, meta: Mapping[str, str | int | float]) -> None:
         """Write (merge) the job's registration hash."""
@@ -329,21 +339,23 @@ class TelemetryStore:
 
     def read_events(
         self, job_id: str, after: str = "0-0", count: int = 1000
-    ) -> tuple[list[dict[str, Any]], str]:
-        """The job's events after stream id ``after`` (malformed ones skipped), and the id to
-        continue from."""
+    ) -> tuple[list[dict[str, Any]], str, int]:
+        """The job's events after stream id ``after``, the id to continue from, and how many
+        were malformed (skipped: a NaN written by a client of its own, a broken entry)."""
         entries = cast(
             "list[tuple[bytes, dict[bytes, bytes]]]",
             self.client.xrange(keys.job_events(job_id), min=f"({after}", count=count),
         )
         events = []
+        malformed = 0
         for entry_id, fields in entries:
             after = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
             try:
                 events.append(decode_json_entry(to_text(fields)))  # type: ignore[arg-type]
-            except TelemetryError:
-                log.warning("telemetry.malformed_entry", job_id=job_id, entry=after)
-        return events, after
+            except TelemetryError as exc:
+                malformed += 1
+                log.warning("telemetry.malformed_entry", job_id=job_id, entry=after, error=str(exc))
+        return events, after, malformed
 
     def read_json(self, key: str, count: int = 1000) -> list[dict[str, Any]]:
         """The newest ``count`` JSON entries of an events or GPU stream, oldest first."""

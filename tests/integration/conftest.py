@@ -306,7 +306,7 @@ def state(env: dict[str, str]) -> ServiceState:
     return build(load_settings())[1]
 
 
-_SERVICE_LOG = pytest.StashKey[Path]()
+SERVICE_LOG = pytest.StashKey[Path]()
 #: Lines the service writes every cycle: left out of a failure's log but for the last few.
 _ROUTINE = ('"service.cycle"', '"service.records_ignored"')
 
@@ -316,7 +316,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     """A failing test that ran the service shows the end of the service's log: in CI, on a
     release's chroot, it is the only account of what the service saw and did."""
     report = yield
-    path = item.stash.get(_SERVICE_LOG, None)
+    path = item.stash.get(SERVICE_LOG, None)
     if report.when == "call" and report.failed and path is not None and path.exists():
         lines = path.read_text(errors="replace").splitlines()
         routine = [line for line in lines if any(e in line for e in _ROUTINE)]
@@ -335,7 +335,7 @@ def service(
     env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`straggler serve` as a real process; stopped after the test."""
-    request.node.stash[_SERVICE_LOG] = tmp_path / "service.log"
+    request.node.stash[SERVICE_LOG] = tmp_path / "service.log"
     log = (tmp_path / "service.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "slurm_plugin.cli.main", "--log-level", "info", "serve"],

@@ -28,6 +28,7 @@ from slurm_plugin.slurm import marks
 from slurm_plugin.telemetry import credentials
 from tests.integration.conftest import (
     REPO,
+    SERVICE_LOG,
     RedisServer,
     Slurm,
     acl_users,
@@ -102,13 +103,16 @@ def faults(tmp_path: Path) -> Iterator[Faults]:
 class Services:
     """Starts `straggler serve` processes (a new one after each crash)."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+    def __init__(self, env: dict[str, str], log_dir: Path, item: pytest.Item) -> None:
         self.env = env
         self.log_dir = log_dir
+        self.item = item
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, *args: str) -> subprocess.Popen[bytes]:
-        log = (self.log_dir / f"service-{len(self.procs)}.log").open("wb")
+        path = self.log_dir / f"service-{len(self.procs)}.log"
+        self.item.stash[SERVICE_LOG] = path  # a failing test shows the newest service's log
+        log = path.open("wb")
         proc = subprocess.Popen(
             [sys.executable, "-m", "slurm_plugin.cli.main", "--log-level", "info", "serve", *args],
             cwd=REPO,
@@ -144,14 +148,16 @@ class Services:
 
 
 @pytest.fixture
-def services(env: dict[str, str], faults: Faults, tmp_path: Path) -> Iterator[Services]:
+def services(
+    env: dict[str, str], faults: Faults, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Services]:
     values = {
         **env,
         "STRAGGLER_SLURM_BIN_DIR": str(faults.directory),
         "STRAGGLER_COMMAND_TIMEOUT_S": "3",
         "STRAGGLER_ACTION_GRACE_S": "6",
     }
-    started = Services(values, tmp_path)
+    started = Services(values, tmp_path, request.node)
     yield started
     started.stop()
 

@@ -295,3 +295,52 @@ def test_a_closed_reporter_holds_no_connection(private_redis: RedisServer) -> No
     reporter.close()
     assert _clients(control) == 0
     control.close()
+
+
+def _message(job: str, rank: int, step: int, events: list[dict[str, object]]) -> bytes:
+    steps = [(step, 1.0, 1.0, 0.5, None, None)]
+    flush = encode_steps(rank, "claimed", 0, 0, steps, flush=f"{rank:016x}.{step}")
+    return json.dumps({"job_id": job, "steps": [flush], "events": events}).encode()
+
+
+def test_a_nan_event_is_refused_and_the_relay_publishes_on(
+    private_redis: RedisServer, relays: list[Relay]
+) -> None:
+    """Issue 25: a NaN event through a relay killed its publish thread (every job on the node
+    stopped publishing), and a restarted relay died again on the resent event. Now the event
+    alone is refused, counted and answered; its steps and every later flush are stored."""
+    relay = relays[0]
+    poisoned = _message(JOB, 1, 0, [{"name": "eval", "loss": float("nan")}, {"name": "ok"}])
+    assert b"NaN" in poisoned  # what a client's json.dumps writes by default
+    assert relay._handle(poisoned, JOB) == {"ok": True, "invalid_events": 1}
+    assert relay._handle(_message("4243", 2, 1, []), "4243") == {"ok": True, "invalid_events": 0}
+    assert all(thread.is_alive() for thread in relay._threads)
+    assert relay.invalid_events == 1
+    store = TelemetryStore(connect(private_redis.url))
+    assert [e["name"] for e in store.read_json(keys.job_events(JOB))] == ["ok"]
+    records, _, malformed = _read_all(store)
+    assert ([(r.rank, r.step) for r in records], malformed) == ([(1, 0)], 0)
+    assert [r.step for r in store.iter_steps("4243")] == [1]
+
+
+def test_a_relay_that_cannot_publish_a_job_refuses_it_and_serves_the_others(
+    private_redis: RedisServer, relays: list[Relay], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A surprise in publishing one job's flushes (not Redis being away) is answered as a
+    refusal, so that job's ranks publish to Redis themselves; the other jobs go on."""
+    relay = relays[0]
+    real = relay.store.publish
+
+    def publish(job_id: str, *args: object, **kwargs: object) -> int:
+        if job_id == "666":
+            raise RuntimeError("a bug in packing this job")
+        return real(job_id, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(relay.store, "publish", publish)
+    answer = relay._handle(_message("666", 0, 0, []), "666")
+    assert answer["refused"] is True, answer
+    assert "a bug in packing" in answer["error"], answer
+    assert relay._handle(_message(JOB, 1, 5, []), JOB)["ok"] is True
+    assert all(thread.is_alive() for thread in relay._threads)
+    records, _, _ = _read_all(TelemetryStore(connect(private_redis.url)))
+    assert [(r.rank, r.step) for r in records] == [(1, 5)]

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -308,16 +309,33 @@ def test_only_root_written_hardware_evidence_corroborates(
     """The node sidecar's sample and the prolog's check corroborate; GPU samples in the job's
     own stream (writable with the job's credential) are reported, never trusted."""
     store = TelemetryStore(connect(redis_url))
-    sample = {"node": "node3", "gpus": [{"index": 1, "throttle_reasons": ["hw_slowdown"]}]}
+    now = time.time()
+    sample = {
+        "node": "node3",
+        "ts": now - 5,
+        "gpus": [{"index": 1, "throttle_reasons": ["hw_slowdown"]}],
+    }
     forged = {"node": "node3", "gpus": [{"index": 1, "xids": [79]}]}
     store.publish("77", gpu_samples=[forged])
-    trusted, reported = gather_evidence(state, store, "77", "node3", [1])
+
+    def gather() -> tuple[list[str], list[str]]:
+        return gather_evidence(state, store, "77", "node3", [1], now, 60.0)
+
+    trusted, reported = gather()
     assert (trusted, reported) == ([], ["gpu1 xid 79"])
     state.client.hset(keys.node("node3"), "sidecar", json.dumps(sample))
-    trusted, _ = gather_evidence(state, store, "77", "node3", [1])
+    trusted, _ = gather()
     assert trusted == ["gpu1 hw_slowdown"]
+    # Issue 25: a sample from a sidecar that stopped a week ago (or one with no time) is shown
+    # as stale and corroborates nothing.
+    for ts in (now - 7 * 86400, None, float("nan")):
+        state.client.hset(keys.node("node3"), "sidecar", json.dumps({**sample, "ts": ts}))
+        trusted, reported = gather()
+        assert trusted == [], ts
+        assert reported[-1].startswith("stale sidecar sample ("), reported
+        assert reported[-1].endswith("gpu1 hw_slowdown"), reported
     state.client.hset(keys.node("node3"), "sidecar", "{not json")
-    assert gather_evidence(state, store, "77", "node3", [1]) == ([], [])
+    assert gather() == ([], [])
 
 
 def test_forged_events_never_break_a_cycle(
@@ -338,12 +356,16 @@ def test_forged_events_never_break_a_cycle(
     store.client.xadd(stream, {"nothing": "here"})
     store.publish(job, events=[{"name": "checkpoint_end", "ts": "garbage"}])
     store.client.xadd(stream, {"json": '{"name": "checkpoint_end", "ts": Infinity}'})
+    store.client.xadd(stream, {"json": '{"name": "checkpoint_end", "ts": 9e9, "loss": NaN}'})
     store.publish(job, events=[{"name": "checkpoint_end", "ts": 1234.5}])
     settings = load_settings()
     report = Service(settings, *build(settings)).cycle()
     assert report.error is None, report.error
     service_state = state.job(job)
     assert service_state["last_checkpoint_ts"] == "1234.500"
+    # Issue 25: Python's JSON reads NaN and Infinity; the service refuses them, and counts
+    # every malformed event where `job show` finds it.
+    assert service_state["ignored_malformed_event"] == "4", service_state
     newest = cast("list[tuple[bytes, object]]", store.client.xrevrange(stream, count=1))
     assert service_state["events_cursor"] == newest[0][0].decode()
 

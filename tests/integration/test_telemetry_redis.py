@@ -108,6 +108,44 @@ def test_bad_values_are_counted_and_dropped(redis_url: str) -> None:
     assert [r.step for r in store.iter_steps("79")] == [0, 5]
 
 
+def test_a_nan_event_is_refused_alone_and_the_steps_are_published(redis_url: str) -> None:
+    """Issue 25: ``event("eval", loss=nan)`` (a diverged loss) used to fail the flush and lose
+    its steps while ``flush()`` said True. Now the event alone is refused and counted."""
+    store = TelemetryStore(connect(redis_url))
+    with capture_logs() as logs, StepReporter("81", 0, "node1", store_factory=lambda: store) as rep:
+        for step in range(50):
+            rep.record(step, 0.1, 0.05)
+        rep.event("eval", loss=float("nan"))
+        rep.event("eval", loss=float("inf"), step=3)
+        rep.event("checkpoint_end", step=49, rank=999, node="elsewhere")
+        assert rep.flush()
+    assert (rep.published, rep.invalid_events) == (50, 2)
+    assert [r.step for r in store.iter_steps("81")] == list(range(50))
+    (stored,) = store.read_json(keys.job_events("81"))
+    # The reporter's own fields win over the job's: a job cannot claim another rank's event.
+    assert (stored["name"], stored["rank"], stored["node"]) == ("checkpoint_end", 0, "node1")
+    refused = [e for e in logs if e["event"] == "telemetry.invalid_event"]
+    assert [e["event_name"] for e in refused] == ["eval", "eval"]
+
+
+def test_a_nan_event_buffered_in_an_outage_costs_no_steps(private_redis: RedisServer) -> None:
+    """Issue 25: during an outage 5,000 buffered records went at once with one NaN event."""
+    store = TelemetryStore(connect(private_redis.url, retries=0))
+    rep = StepReporter(
+        "82", 0, "node1", store_factory=lambda: store, flush_interval_s=0.05, buffer_records=10000
+    )
+    private_redis.stop()
+    for step in range(5000):
+        rep.record(step, 0.1, 0.05)
+    rep.event("eval", loss=float("nan"))
+    assert not rep.flush(timeout_s=0.5)
+    private_redis.start()
+    assert rep.flush(timeout_s=30)
+    rep.close()
+    assert (rep.published, rep.invalid_events, rep.dropped) == (5000, 1, 0)
+    assert len(list(store.iter_steps("82"))) == 5000
+
+
 def test_redis_outage_never_slows_training(private_redis: RedisServer) -> None:
     """Redis stopped mid-run: step time stays near its baseline, drops are counted and
     reported, and publishing resumes once Redis is back."""

@@ -99,3 +99,21 @@ def test_cpu_pressure_and_cgroup_throttling(tmp_path: Path) -> None:
     )
     assert sample_cpu(v1).cgroup_throttled_us == 5000
     assert sample_cpu(tmp_path / "empty").pressure_some_avg10 is None
+
+
+def test_a_nan_reading_becomes_null_and_the_sample_is_kept(tmp_path: Path) -> None:
+    """Issue 25: one GPU reading that is not a finite number (a driver's NaN) made the whole
+    sample unpublishable. Now that value is null, counted in ``unreadable``, and the sample
+    (the other GPU's throttling included) is strict JSON."""
+    import json  # noqa: PLC0415
+
+    nvml = FakeNvml([FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b", throttle_mask=0x8)])
+    car = Sidecar(_store(), "node3", nvml=nvml, proc_root=tmp_path, clock=lambda: 1.0)
+    nvml.gpus[0].temperature_c = float("nan")  # type: ignore[assignment]
+    sample = car.sample()
+    assert sample["unreadable"] == 1
+    first, second = sample["gpus"]
+    assert first["temperature_c"] is None
+    assert second["throttle_reasons"] == ["hw_slowdown"]
+    json.dumps(sample, allow_nan=False)  # raises on a NaN left anywhere
+    assert "unreadable" not in Sidecar(_store(), "node4", nvml=FakeNvml([FakeGpu()])).sample()

@@ -132,5 +132,13 @@ def test_json_entries() -> None:
         decode_json_entry({"json": "[1]"})
     with pytest.raises(TelemetryError):
         decode_json_entry({"json": "{"})
-    with pytest.raises(ValueError, match="Out of range float"):
-        encode_json_entry({"v": float("nan")})
+    # Issue 25: a non-finite value, an oversized record and NaN/Infinity constants written
+    # by some other client are TelemetryError (refused and counted), never a ValueError.
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(TelemetryError, match="finite"):
+            encode_json_entry({"v": bad})
+    with pytest.raises(TelemetryError, match="over"):
+        encode_json_entry({"v": "x" * 20000})
+    for constant in ("NaN", "Infinity", "-Infinity"):
+        with pytest.raises(TelemetryError, match="not a finite number"):
+            decode_json_entry({"json": f'{{"ts": {constant}}}'})
