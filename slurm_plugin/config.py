@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -35,6 +35,7 @@ DEFAULT_CONFIG_PATH = Path("/etc/slurm-straggler/config.toml")
 CONFIG_ENV = "STRAGGLER_CONFIG"
 # The settings file of the load_settings() call in progress (the sources are built per call).
 _SETTINGS_FILE: ContextVar[Path | None] = ContextVar("settings_file", default=None)
+_FILE_ALONE: ContextVar[bool] = ContextVar("settings_file_alone", default=False)
 
 
 class Settings(BaseSettings):
@@ -235,6 +236,8 @@ class Settings(BaseSettings):
         path = _SETTINGS_FILE.get()
         if path is None:
             return (init_settings, env_settings)
+        if _FILE_ALONE.get():
+            return (_SettingsFile(settings_cls, path),)
         return (init_settings, env_settings, _SettingsFile(settings_cls, path))
 
     @property
@@ -246,6 +249,17 @@ class Settings(BaseSettings):
             drain_persistent=self.drain_persistent,
         )
 
+    @model_validator(mode="after")
+    def _credentials_on_database_zero(self) -> Settings:
+        # A job's ACL user may append to its own keys only; SELECT is not among its commands,
+        # so with any other database every rank's telemetry would stop without a word.
+        if self.job_credentials and redis_database(self.redis_url) != 0:
+            raise ValueError(
+                "job_credentials needs redis_url on database 0 (a job's Redis user may not "
+                "SELECT another): use .../0, or a Redis of its own for this deployment"
+            )
+        return self
+
     def slurm_command(self, name: str) -> str:
         """The argv[0] for a Slurm client command, honouring ``slurm_bin_dir``."""
         return str(self.slurm_bin_dir / name) if self.slurm_bin_dir else name
@@ -256,6 +270,18 @@ class Settings(BaseSettings):
         if self.slurm_conf is not None:
             env["SLURM_CONF"] = str(self.slurm_conf)
         return env
+
+
+def redis_database(url: str) -> int | None:
+    """The database number ``url`` selects (path ``/N`` or ``?db=N``; 0 when it names none),
+    or None when it is not a number."""
+    try:
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query))
+    except ValueError:
+        return None
+    text = query.get("db") or parts.path.strip("/") or "0"
+    return int(text) if text.isdigit() else None
 
 
 def resolve_config_path(explicit: Path | None = None) -> Path | None:
@@ -341,6 +367,8 @@ def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings
     path = resolve_config_path(config_path)
     if path is not None and not path.is_file():
         read_toml(path, "settings file")  # raises: not found, a directory, not readable
+    if path is not None:
+        _check_file_alone(path)
     token = _SETTINGS_FILE.set(path)
     try:
         return Settings(**overrides)
@@ -361,6 +389,20 @@ def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings
             field=field,
         ) from exc
     finally:
+        _SETTINGS_FILE.reset(token)
+
+
+def _check_file_alone(path: Path) -> None:
+    """The settings file validated whole, on its own: a typo in a key the environment also
+    sets is still the file's error (it would come back the day that variable goes)."""
+    token, alone = _SETTINGS_FILE.set(path), _FILE_ALONE.set(True)
+    try:
+        Settings()  # the file and the defaults, never the environment
+    except ValidationError as exc:
+        message, field = describe(exc)
+        raise ConfigError(message, path=path, field=field) from exc
+    finally:
+        _FILE_ALONE.reset(alone)
         _SETTINGS_FILE.reset(token)
 
 

@@ -38,10 +38,11 @@ def describe(exc: ValidationError) -> tuple[str, str | None]:
     problems = []
     first = None
     for error in exc.errors():
-        where = ".".join(str(part) for part in error["loc"]) or "(root)"
-        first = first or where
+        where = ".".join(str(part) for part in error["loc"])
+        first = first or where or None
+        message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
             problems.append(f"unknown setting {where!r}")
         else:
-            problems.append(f"{where}: {error['msg']}")
+            problems.append(f"{where}: {message}" if where else message)  # a rule of several
     return "; ".join(problems), first

@@ -10,9 +10,10 @@ import click
 from slurm_plugin.cli.common import audit_action, done, json_option
 from slurm_plugin.cli.output import emit_json, emit_rows, printable
 from slurm_plugin.config import Settings
-from slurm_plugin.errors import StragglerError
+from slurm_plugin.errors import ConfigError, StragglerError
 from slurm_plugin.policy.loader import active_policies, load_policy
 from slurm_plugin.service.factory import build
+from slurm_plugin.tomlfile import read_toml
 
 
 @click.group("policy")
@@ -75,16 +76,57 @@ def policy_validate(path: Path, as_json: bool) -> None:
 
 @policy.command("apply")
 @click.argument("path", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option(
+    "--name",
+    "as_name",
+    help="The policy this file replaces, when the file's name and its `name =` disagree.",
+)
+@click.option("--yes", is_flag=True, help="Replace an active policy the file changes.")
 @json_option
 @click.pass_obj
-def policy_apply(settings: Settings, path: Path, as_json: bool) -> None:
-    """Validate a policy file and make it active (overrides the file of the same name)."""
+def policy_apply(
+    settings: Settings, path: Path, as_name: str | None, as_json: bool, yes: bool
+) -> None:
+    """Validate a policy file and make it active (overrides the file of the same name).
+    Replacing an active policy shows what changes and needs --yes."""
+    if not read_toml(path, "policy"):
+        raise ConfigError("the policy file is empty: nothing to apply", path=path)
     loaded = load_policy(path)
+    name = _target(path, loaded.name, as_name)
+    loaded = loaded.model_copy(update={"name": name})
     _, state, _ = build(settings)
-    state.apply_policy(loaded.name, loaded.model_dump_json())
-    audit_action(state, "policy_apply", policy=loaded.name)
-    message = f"applied policy {loaded.name!r}; the service uses it from its next cycle"
-    done(as_json, message, applied=loaded.name)
+    policies, _problems = active_policies(settings.policy_dir, state.applied_policies())
+    if name in policies:
+        changes = _diff(policies[name].model_dump(), loaded.model_dump())
+        for line in changes:
+            click.echo(f"  {line}", err=True)
+        if changes and not yes:
+            raise StragglerError(
+                f"policy {name!r} is active and this file changes {len(changes)} value(s), "
+                "shown above (hint: check them, then run again with --yes)"
+            )
+    state.apply_policy(name, loaded.model_dump_json())
+    audit_action(state, "policy_apply", policy=name)
+    message = f"applied policy {name!r}; the service uses it from its next cycle"
+    done(as_json, message, applied=name)
+
+
+def _target(path: Path, declared: str, as_name: str | None) -> str:
+    """The policy a file replaces: its ``name =`` when that is its file's name, else what
+    ``--name`` says (one of the two); never silently the one inside the file."""
+    if as_name is not None:
+        if as_name not in {declared, path.stem}:
+            raise StragglerError(
+                f"--name {printable(as_name[:64])!r} is neither the file's name "
+                f"({path.stem!r}) nor its name = ({declared!r})"
+            )
+        return as_name
+    if declared != path.stem:
+        raise StragglerError(
+            f"{path.name} says name = {declared!r}: which policy does it replace? "
+            f"(hint: --name {declared} or --name {path.stem})"
+        )
+    return declared
 
 
 @policy.command("revert")

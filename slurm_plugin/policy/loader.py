@@ -41,6 +41,13 @@ def load_policies(directory: Path) -> dict[str, Policy]:
     policies = {}
     for path in sorted(directory.glob("*.toml")):
         policy = load_policy(path)
+        if policy.name != path.stem:  # gentle.toml saying name = "observe" replaced observe
+            raise ConfigError(
+                f"says name = {policy.name!r}; a policy file is named for its policy: rename "
+                f"it {policy.name}.toml or drop the name",
+                path=path,
+                field="name",
+            )
         policies[policy.name] = policy
     if not policies:
         raise ConfigError("no policy files (*.toml)", path=directory)

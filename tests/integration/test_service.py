@@ -357,7 +357,12 @@ def test_policy_apply_diff_and_node_mark(
         .replace("max_requeues = 2", "max_requeues = 1")
     )
     assert "actions.max_requeues: 2 -> 1" in _cli(env, "policy", "diff", str(changed))
-    _cli(env, "policy", "apply", str(changed))
+    unconfirmed = _cli_run(env, "policy", "apply", str(changed))  # issue 25: shown, not done
+    assert unconfirmed.returncode == 2
+    assert "actions.max_requeues: 2 -> 1" in unconfirmed.stderr
+    assert "run again with --yes" in unconfirmed.stderr.splitlines()[-1]
+    assert json.loads(_cli(env, "policy", "show", "evict"))["actions"]["max_requeues"] == 2
+    _cli(env, "policy", "apply", str(changed), "--yes")
     listed = {p["name"]: p for p in json.loads(_cli(env, "policy", "list", "--json"))}
     assert listed["evict"]["source"] == "applied"
     assert json.loads(_cli(env, "policy", "show", "evict"))["actions"]["max_requeues"] == 1
@@ -369,6 +374,20 @@ def test_policy_apply_diff_and_node_mark(
     again = _cli_run(env, "policy", "revert", "evict")
     assert again.returncode == 2
     assert again.stderr.startswith("error: no applied policy 'evict'")
+    # Issue 25: a file named for one policy whose `name =` says another replaced that other
+    # one silently (the default observe by an evicting policy); an empty file applied.
+    misnamed = tmp_path / "gentle.toml"
+    misnamed.write_text('name = "observe"\n' + (REPO / "policies" / "evict.toml").read_text())
+    refused = _cli_run(env, "policy", "apply", str(misnamed))
+    assert refused.returncode == 2
+    assert "which policy does it replace?" in refused.stderr
+    assert json.loads(_cli(env, "policy", "show", "observe"))["actions"]["mode"] == "observe"
+    empty = tmp_path / "observe.toml"
+    empty.write_text("# nothing yet\n")
+    refused = _cli_run(env, "policy", "apply", str(empty))
+    assert refused.returncode == 2
+    assert "empty" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
 
     _cli(env, "node", "mark", "node2", "--state", "persistent")
     nodes = json.loads(_cli(env, "nodes", "--state", "persistent", "--json"))

@@ -159,3 +159,41 @@ def test_config_show_never_prints_the_password(monkeypatch: pytest.MonkeyPatch) 
             assert result.exit_code == 0, result.output
             assert "s3cret" not in result.output
             assert shown in result.output
+
+
+def test_the_settings_file_is_validated_whole_whatever_the_environment_sets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25: an invalid value in the file went unreported while an environment variable
+    set the same key (and came back the day that variable went)."""
+    path = tmp_path / "config.toml"
+    path.write_text("service_interval_s = -1\n")
+    monkeypatch.setenv("STRAGGLER_SERVICE_INTERVAL_S", "2")
+    with pytest.raises(ConfigError, match="service_interval_s: Input should be greater than 0"):
+        load_settings(path)
+    path.write_text("service_interval_s = 3\n")
+    assert load_settings(path).service_interval_s == 2  # the environment still wins
+
+
+@pytest.mark.parametrize(
+    ("url", "ok"),
+    [
+        ("redis://127.0.0.1:6379/0", True),
+        ("redis://127.0.0.1:6379", True),
+        ("redis://127.0.0.1:6379/3", False),
+        ("rediss://svc:pw@redis.example:6380/0?db=2", False),
+    ],
+)
+def test_job_credentials_need_database_zero(url: str, ok: bool, tmp_path: Path) -> None:
+    """Issue 25: with job_credentials a redis_url on another database stopped all telemetry
+    (a job's user may not SELECT); serve and the prolog now refuse such settings at start."""
+    path = tmp_path / "config.toml"
+    path.write_text(f'job_credentials = true\nredis_url = "{url}"\n')
+    path.chmod(0o600)
+    if ok:
+        assert load_settings(path).job_credentials
+        return
+    with pytest.raises(ConfigError, match="job_credentials needs redis_url on database 0") as info:
+        load_settings(path)
+    assert "\n" not in str(info.value)
+    assert "Value error" not in str(info.value)

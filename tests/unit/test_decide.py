@@ -272,6 +272,14 @@ def test_policy_from_comment_and_typos(tmp_path: Path) -> None:
     assert str(bad) in str(info.value)
     with pytest.raises(ValueError, match="name"):
         Policy.model_validate({"name": "Bad Name!"})
+    # Issue 25: gentle.toml saying name = "observe" silently replaced the default policy.
+    directory = tmp_path / "dir"
+    directory.mkdir()
+    (directory / "observe.toml").write_text('[actions]\nmode = "observe"\n')
+    (directory / "gentle.toml").write_text('name = "observe"\n[actions]\nmode = "evict"\n')
+    with pytest.raises(ConfigError, match="a policy file is named for its policy") as info:
+        load_policies(directory)
+    assert "gentle.toml" in str(info.value)
 
 
 def test_job_overrides_only_make_the_policy_stricter() -> None:
