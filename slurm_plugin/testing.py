@@ -112,6 +112,8 @@ class FakeScheduler:
             priority=0,
             nodes=(),
             restarts=job.restarts + 1,
+            # Slurm moves the submit time on a requeue (to the requeue's time).
+            submit_time=None if job.submit_time is None else job.submit_time + 60.0,
         )
 
     def set_excluded(self, job_id: str, nodes: Sequence[str]) -> None:

@@ -238,9 +238,10 @@ def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult
             result.findings.append(Finding("persistent", "drain", text[:200]))
         if result.job_id:
             policy = env.get("SPANK_STRAGGLER_POLICY") or env.get("STRAGGLER_POLICY") or ""
+            options = ("max_requeues", "min_slowdown", "notify")
             overrides = {
                 key: env[f"SPANK_STRAGGLER_{key.upper()}"]
-                for key in ("max_requeues", "min_slowdown", "notify")
+                for key in options
                 if env.get(f"SPANK_STRAGGLER_{key.upper()}")
             }
             meta = {
@@ -253,7 +254,10 @@ def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult
                 "attempt": env.get("SLURM_RESTART_COUNT", "0"),
                 "registered_at": f"{time.time():.3f}",
             }
-            TelemetryStore(client).register_job(result.job_id, meta)
+            # An option this job did not give is deleted: a registration that outlived an
+            # older job with this id (a controller reinstalled) must not lend it its options.
+            unset = [key for key in options if key not in overrides]
+            TelemetryStore(client).register_job(result.job_id, meta, drop=unset)
         if result.job_id and settings.job_credentials:
             _issue_credential(client, settings, env, result)
         check = {
@@ -286,7 +290,7 @@ def _issue_credential(
         result.problems.append("SLURM_JOB_UID/GID missing: no job credential issued")
         return
     try:
-        password = credentials.issue(client, result.job_id)
+        password = credentials.issue(client, result.job_id, owner=str(uid))
     except Exception as exc:  # noqa: BLE001 - e.g. the admin user lacks +acl: the job runs
         result.problems.append(f"cannot issue the job's Redis credential: {exc}")
         return

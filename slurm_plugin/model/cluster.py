@@ -29,6 +29,10 @@ class JobInfo:
     time_limit_s: float | None = None
     start_time: float | None = None
     priority: int | None = None
+    #: When the job was submitted, or last requeued (Slurm moves it then, and counts the
+    #: restart): with the user and ``restarts``, what tells this job from a later one that
+    #: Slurm gave the same id (service/identity.py).
+    submit_time: float | None = None
 
     @property
     def running(self) -> bool:

@@ -105,6 +105,10 @@ class EvidenceFilter:
             bound[i] = codes.get(node, -1)
         return np.asarray(node_code != bound[inverse])
 
+    def forget(self, job_id: str) -> None:
+        """Drop one job."""
+        self._jobs.pop(job_id, None)
+
     def forget_all_but(self, running: Iterable[str]) -> None:
         """Drop every job not in ``running``."""
         keep = set(running)

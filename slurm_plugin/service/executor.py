@@ -21,6 +21,7 @@ import structlog
 
 from slurm_plugin.errors import CommandTimeoutError, JobNotFoundError, SlurmError
 from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.service.identity import Known, describe, fields_of, same_job
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.scheduler import Scheduler
@@ -67,6 +68,7 @@ class Executor:
                 "state": "planned",
                 "action": "evict",
                 "job_id": job.job_id,
+                **fields_of(job, None, prefix="job_"),  # which job: recover() checks it
                 "node": node,
                 "restarts_before": job.restarts,
                 "planned_at": f"{self.clock():.3f}",
@@ -197,6 +199,20 @@ class Executor:
                     )
                 else:  # Slurm away: try again next cycle
                     self.state.save_decision(decision_id, {"error": f"recover: {exc}"})
+                continue
+            known = Known.of(rec, prefix="job_")
+            if known is not None and not same_job(known, job):
+                # Slurm gave the id to another job (controller reinstalled, MaxJobId wrapped):
+                # whatever the old job's eviction left undone, this job is never touched.
+                self.state.save_decision(
+                    decision_id,
+                    {
+                        "state": "abandoned",
+                        "error": f"job id {job_id} is now another job ({describe(job)}): "
+                        "nothing done to it",
+                    },
+                )
+                log.warning("executor.job_id_reused", decision_id=decision_id, job_id=job_id)
                 continue
             now = self.clock()
             if state == "planned" and not (job.held and job.restarts > before):

@@ -68,6 +68,12 @@ class Ingest:
         self._structure_noted = {j: a for j, a in self._structure_noted.items() if j in keep}
         self._seen = {j: s for j, s in self._seen.items() if j in keep}
 
+    def forget(self, job_id: str) -> None:
+        """Drop what is kept in memory for one job id (Slurm gave it to another job)."""
+        self.evidence.forget(job_id)
+        self._structure_noted.pop(job_id, None)
+        self._seen.pop(job_id, None)
+
     def note_structure(self, job: JobInfo, detectors: Iterable[Detector]) -> None:
         """Once per attempt: what the job's detector took for structure (ranks that compute
         longer by design and are compared with themselves) goes into the job's state, for

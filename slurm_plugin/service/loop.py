@@ -29,6 +29,7 @@ from slurm_plugin.policy.schema import Policy
 from slurm_plugin.service.evidence import gather_evidence
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.fence import FencedScheduler
+from slurm_plugin.service.identity import Identities
 from slurm_plugin.service.ingest import Ingest
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.node_rails import NodeRails
@@ -98,6 +99,7 @@ class Service:
         self._policies = PolicySet(settings, state)
         self._detectors: dict[tuple[str, DetectionParams], Detector] = {}
         self._ingest = Ingest(state, store, self.metrics)
+        self._identities = Identities(state)
         self._job_policy: dict[str, tuple[str, DetectionParams]] = {}
         self._node_rails = NodeRails(state, self.executor, dry_run=dry_run)
         self._recheck = Recheck(store)
@@ -160,10 +162,7 @@ class Service:
             self._ingest.sweep_credentials({j.job_id for j in jobs}, self.clock())
         running = {j.job_id: j for j in jobs if j.running}
         nodes = tuple(self.slurm.nodes())
-        for job_id in list(self._job_policy):
-            if job_id not in running:
-                self._detectors[self._job_policy.pop(job_id)].forget(job_id)
-        self._ingest.forget_all_but(running)
+        self._forget_jobs(running)
         for job in running.values():
             policy = self.policy_for(job)
             if policy.actions.mode == "off":
@@ -194,6 +193,17 @@ class Service:
         self.state.heartbeat(
             self.instance, {"jobs": report.jobs, "ranks": report.ranks, "records": report.records}
         )
+
+    def _forget_jobs(self, running: dict[str, JobInfo]) -> None:
+        """Drop what is kept for jobs that stopped running, and for ids Slurm now gives
+        another job (service/identity.py)."""
+        reused = set(self._identities.check(running.values()))
+        for job_id in list(self._job_policy):
+            if job_id not in running or job_id in reused:
+                self._detectors[self._job_policy.pop(job_id)].forget(job_id)
+        for job_id in reused:
+            self._ingest.forget(job_id)
+        self._ingest.forget_all_but(running)
 
     def _detector_for(self, job: JobInfo, policy: Policy) -> Detector:
         """One detector per policy and detection parameters: a job's own stricter minimum
@@ -275,6 +285,7 @@ class Service:
             self._node_rails.remember(
                 event,
                 job,
+                self._identities.token(job),
                 self.rails,
                 nodes,
                 now,
@@ -339,7 +350,7 @@ class Service:
         """Other jobs that saw ``node`` slow within the persistence window (the goodput
         rule's prior that a slowdown there is a fault)."""
         params = self.rails.persistence.params()
-        return other_jobs(self.state.node_history(node), job.job_id, now, params)
+        return other_jobs(self.state.node_history(node), self._identities.token(job), now, params)
 
     def _evicting(self, job_id: str) -> bool:
         """An eviction of this job is still open (its outcome not yet known)."""

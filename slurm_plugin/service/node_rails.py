@@ -67,6 +67,7 @@ class NodeRails:
         self,
         event: StragglerEvent,
         job: JobInfo,
+        job_token: str,
         rails: ClusterRails,
         nodes: tuple[NodeInfo, ...],
         now: float,
@@ -80,7 +81,7 @@ class NodeRails:
         transition = record_incident(
             self.state.node_history(event.node),
             Incident(
-                job.job_id,
+                job_token,  # the job's id and first submit time: one id, two jobs, two jobs
                 now,
                 event.slowdown_pct,
                 event.cause,

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any, cast
 
+import redis
 import structlog
 
 from slurm_plugin.errors import ConfigError
@@ -175,6 +176,20 @@ class ServiceState:
         pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
         pipe.expire(key, keys.JOB_TTL_ACTIVE_S)
         pipe.execute()
+
+    def forget_job(self, job_id: str) -> None:
+        """Drop the service's state for a job id (Slurm gave it to another job): counts,
+        cooldown, cursors, waiting. Its decisions stay in the audit, their job index too."""
+        self.client.delete(keys.job_service(job_id))
+
+    def stream_end(self, key: str) -> tuple[str, int]:
+        """A stream's newest id ("0-0" when there is none) and the entries it was ever given:
+        a cursor, and a read count, that skip it all."""
+        try:
+            info: dict[str, Any] = self.client.xinfo_stream(key)
+        except redis.ResponseError:  # no such stream
+            return "0-0", 0
+        return str(info.get("last-generated-id") or "0-0"), int(info.get("entries-added") or 0)
 
     def uncount_eviction(self, job_id: str) -> None:
         """An eviction counted before acting never happened: give the job its count back."""

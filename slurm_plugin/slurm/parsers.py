@@ -98,6 +98,7 @@ def _job(item: dict[str, Any]) -> JobInfo:
     job_id = str(raw_id)
     limit = _number(item.get("time_limit"))
     start = _number(item.get("start_time"))
+    submitted = _number(item.get("submit_time"))
     return JobInfo(
         job_id=job_id,
         name=_text(item.get("name")),
@@ -117,6 +118,7 @@ def _job(item: dict[str, Any]) -> JobInfo:
         priority=None
         if _number(item.get("priority")) is None
         else int(_number(item.get("priority")) or 0),
+        submit_time=submitted if submitted else None,
     )
 
 

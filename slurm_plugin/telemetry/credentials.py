@@ -79,16 +79,31 @@ def _all_nodes(client: Any) -> dict[str, Any]:
     return {"target_nodes": RedisCluster.ALL_NODES} if isinstance(client, RedisCluster) else {}
 
 
-def issue(client: Any, job_id: str, ttl_s: int = keys.JOB_TTL_ACTIVE_S) -> str:
+#: Keep the job's password when it was issued to the same owner, else issue a new one: one
+#: round trip, atomic, so every node of a job agrees on one password.
+_ISSUE = """
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, string.len(ARGV[1]) + 1) == ARGV[1] .. ':' then return v end
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2], 'EX', ARGV[3])
+return ARGV[1] .. ':' .. ARGV[2]
+"""
+
+
+def issue(client: Any, job_id: str, owner: str = "", ttl_s: int = keys.JOB_TTL_ACTIVE_S) -> str:
     """Create (or re-create, identically) the job's ACL user; return its password.
 
-    Idempotent and safe to run on every node of the job at once: SET NX picks one password.
+    Idempotent and safe to run on every node of the job at once: they agree on one password.
+    ``owner`` (the job's uid) binds it: a password left from an older job with this id (its
+    epilog never ran, the controller was reinstalled) that another user owned is never handed
+    on; a new one replaces it, and ``reset`` drops the old one from the ACL user.
     """
+    if ":" in owner:
+        raise TelemetryError(f"job {job_id}: invalid credential owner {owner[:32]!r}")
     key = secret_key(job_id)
-    client.set(key, secrets.token_urlsafe(32), nx=True, ex=ttl_s)
-    password = client.get(key)
-    if isinstance(password, bytes):
-        password = password.decode()
+    value = client.eval(_ISSUE, 1, key, owner, secrets.token_urlsafe(32), ttl_s)
+    if isinstance(value, bytes):
+        value = value.decode()
+    password = str(value or "").partition(":")[2]
     if not password:
         raise TelemetryError(f"job {job_id}: credential vanished while being issued")
     client.execute_command(

@@ -234,10 +234,15 @@ class TelemetryStore:
             raise RedisUnavailableError(f"publish for job {job_id} failed: {exc}") from exc
         return refused
 
-    def register_job(self, job_id: str, meta: Mapping[str, str | int | float]) -> None:
-        """Write (merge) the job's registration hash."""
+    def register_job(
+        self, job_id: str, meta: Mapping[str, str | int | float], drop: Sequence[str] = ()
+    ) -> None:
+        """Write (merge) the job's registration hash, deleting the fields ``drop`` (a job's
+        options it did not give: an older job with the same id may have)."""
         key = keys.job_meta(job_id)
         pipe = self.client.pipeline(transaction=False)
+        if drop:
+            pipe.hdel(key, *drop)
         pipe.hset(key, mapping={k: str(v) for k, v in meta.items()})
         pipe.expire(key, keys.JOB_TTL_ACTIVE_S)
         pipe.execute()

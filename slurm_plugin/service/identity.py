@@ -1,0 +1,165 @@
+"""A job id is not a job: Slurm gives the same id again after a controller reinstall (ids
+start at 1) or when ``MaxJobId`` wraps. What the service keeps about a job (its eviction count,
+cooldown, cursors, open decisions, node-history incidents) belongs to one job, which it tells
+from a later one with that id by what Slurm says of it, never by text the job controls:
+
+- the job's user;
+- its submit time, which Slurm moves on every requeue, when it also counts a restart.
+
+So a job is the one we know under its id while its user is the same and its submit time is
+the one we saw or it has been requeued since (more restarts than we saw). A job with the same
+id, another user, or another submit time without a restart, is another job.
+
+The token (``JOBID.FIRST_SUBMIT``) names the job in node history: two jobs with one id are
+two jobs there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from slurm_plugin.model import keys
+from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.service.state import OPEN_STATES, ServiceState
+
+log = structlog.get_logger(__name__)
+
+#: A submit time that moved by less than this is the same (Slurm keeps whole seconds).
+_SAME_SECOND = 1.0
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the service recorded of the job it knows under an id."""
+
+    user: str
+    submit_ts: float | None
+    restarts: int
+    first_submit_ts: float | None
+
+    @classmethod
+    def of(
+        cls,
+        fields: Mapping[str, str],
+        prefix: str = "identity_",
+    ) -> Known | None:
+        """The identity kept in ``fields`` (a job's service state, or a decision's ``job_``
+        fields), or None when it holds none (a job first seen now)."""
+        user = fields.get(f"{prefix}user")
+        if user is None:
+            return None
+        return cls(
+            user,
+            _number(fields.get(f"{prefix}submit_ts")),
+            int(_number(fields.get(f"{prefix}restarts")) or 0),
+            _number(fields.get(f"{prefix}first_submit_ts")),
+        )
+
+
+def same_job(known: Known, job: JobInfo) -> bool:
+    """True when ``job`` is the job ``known`` describes (requeues included)."""
+    if known.user and job.user and known.user != job.user:
+        return False
+    if known.submit_ts is None or job.submit_time is None:
+        return True  # nothing to tell them apart by: the job we know
+    if abs(job.submit_time - known.submit_ts) < _SAME_SECOND:
+        return job.restarts >= known.restarts
+    return job.restarts > known.restarts
+
+
+def fields_of(job: JobInfo, known: Known | None, prefix: str = "identity_") -> dict[str, str]:
+    """The identity fields to keep for ``job`` (``known``: what was kept, the same job)."""
+    first = known.first_submit_ts if known is not None else None
+    if first is None:
+        first = job.submit_time
+    return {
+        f"{prefix}user": job.user,
+        f"{prefix}submit_ts": _text(job.submit_time),
+        f"{prefix}restarts": str(job.restarts),
+        f"{prefix}first_submit_ts": _text(first),
+    }
+
+
+def token(job_id: str, first_submit_ts: float | None) -> str:
+    """The job's name in node history: its id and first submit time."""
+    return job_id if first_submit_ts is None else f"{job_id}.{first_submit_ts:.0f}"
+
+
+def describe(job: JobInfo) -> str:
+    """How a job that took an id over is named in the audit."""
+    submitted = "an unknown time" if job.submit_time is None else f"{job.submit_time:.0f}"
+    return f"user {job.user or '?'}, submitted at {submitted}, {job.restarts} restart(s)"
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
+def _text(value: float | None) -> str:
+    return "" if value is None else f"{value:.0f}"
+
+
+class Identities:
+    """Each cycle, the jobs Slurm lists checked against what the service keeps under their
+    ids; the state of an earlier job with the same id is closed and forgotten, never used."""
+
+    def __init__(self, state: ServiceState) -> None:
+        self.state = state
+        self.tokens: dict[str, str] = {}
+
+    def check(self, jobs: Iterable[JobInfo]) -> list[str]:
+        """Record or update each job's identity; returns the ids Slurm now gives another job
+        (their old state is gone: the caller drops what it keeps in memory for them)."""
+        reused = []
+        self.tokens = {}
+        for job in jobs:
+            kept = self.state.job(job.job_id)
+            known = Known.of(kept)
+            if known is not None and not same_job(known, job):
+                self._forget(job, kept)
+                reused.append(job.job_id)
+                known, kept = None, {}
+            fields = fields_of(job, known)
+            if known is None and job.restarts > 0 and not _number(kept.get("evictions")):
+                # First seen already requeued: Redis lost what we did (restarted empty) or
+                # the job was requeued before; Slurm's count bounds max_requeues either way.
+                fields["evictions"] = str(job.restarts)
+                log.warning(
+                    "service.evictions_from_slurm", job_id=job.job_id, restarts=job.restarts
+                )
+            if known is None or any(kept.get(k) != v for k, v in fields.items()):
+                self.state.update_job(job.job_id, **fields)
+            self.tokens[job.job_id] = token(job.job_id, _number(fields["identity_first_submit_ts"]))
+        return reused
+
+    def token(self, job: JobInfo) -> str:
+        """The job's name in node history (its id until checked)."""
+        return self.tokens.get(job.job_id, job.job_id)
+
+    def _forget(self, job: JobInfo, kept: Mapping[str, str]) -> None:
+        now = describe(job)
+        why = f"job id {job.job_id} is now another job ({now}): nothing more is done for it"
+        for decision in self.state.job_decisions(job.job_id):
+            if decision.get("state") in OPEN_STATES:
+                self.state.save_decision(decision["id"], {"state": "abandoned", "error": why})
+        self.state.forget_job(job.job_id)
+        # Entries Redis kept from the old job (a stream that outlived it) are skipped: the
+        # cursors start at the streams' ends now (the new job's first seconds may go too).
+        steps, added = self.state.stream_end(keys.job_steps(job.job_id))
+        events, _ = self.state.stream_end(keys.job_events(job.job_id))
+        self.state.update_job(
+            job.job_id, steps_cursor=steps, steps_read=str(added), events_cursor=events
+        )
+        log.warning(
+            "service.job_id_reused",
+            job_id=job.job_id,
+            was_user=kept.get("identity_user"),
+            was_submitted=kept.get("identity_submit_ts"),
+            now=now,
+        )

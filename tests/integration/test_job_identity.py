@@ -1,0 +1,224 @@
+"""Issue 25: a job id is not a job. The real Service, Executor, state and credentials over a
+private redis-server, with FakeScheduler giving an id again (a controller reinstalled, or
+MaxJobId wrapped): nothing of the old job is used for, or done to, the new one."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import redis
+from structlog.testing import capture_logs
+
+from slurm_plugin.config import Settings
+from slurm_plugin.errors import CommandTimeoutError, SlurmError
+from slurm_plugin.health.hook import HookResult, _redis_prolog
+from slurm_plugin.model import keys
+from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.service.identity import Known, fields_of, same_job, token
+from slurm_plugin.service.state import ServiceState
+from slurm_plugin.telemetry import credentials
+from slurm_plugin.testing import FakeClock, FakeScheduler
+from tests.integration.conftest import RedisServer, Slurm
+from tests.integration.test_control_loop import (
+    NODES,
+    Loop,
+    make_loop,
+    publish,
+    running_job,
+)
+
+__all__ = ["make_loop"]  # the fixture, shared with test_control_loop
+pytestmark = pytest.mark.integration
+
+
+def _evict(loop: Loop, job_id: str = "5", first_step: int = 0) -> None:
+    """Cycles with node3 2x slow until the service has made a change to the job."""
+    before = len(loop.slurm.changes)
+    for cycle in range(30):
+        job = loop.slurm.job_table[job_id]
+        if job.running:
+            start = first_step + cycle * 10
+            publish(loop, job, range(start, start + 10), {"node3": 2.0})
+        loop.service.cycle()
+        loop.clock.advance(1)
+        if any(c[0] == "release" for c in loop.slurm.changes[before:]):
+            return
+    pytest.fail(f"no eviction: {loop.slurm.changes[before:]}")
+
+
+def _new_job(clock: FakeClock, user: str = "bob", **changes: object) -> JobInfo:
+    """Job 5 again, but another job: submitted now, never requeued."""
+    job = replace(running_job(clock, user=user), submit_time=clock() - 5)
+    return replace(job, **changes)  # type: ignore[arg-type]
+
+
+def test_identity_follows_requeues_and_tells_a_new_job_apart() -> None:
+    clock = FakeClock()
+    job = replace(running_job(clock), submit_time=1000.0)
+    known = Known.of(fields_of(job, None))
+    assert known is not None
+    assert same_job(known, job)
+    requeued = replace(job, submit_time=1300.0, restarts=1)  # Slurm moves it and counts
+    assert same_job(known, requeued)
+    assert not same_job(known, replace(job, user="mallory"))
+    assert not same_job(known, replace(job, submit_time=5000.0))  # same id, never requeued
+    later = Known.of(fields_of(requeued, known))
+    assert later is not None
+    assert later.first_submit_ts == 1000.0  # the token stays the job's across requeues
+    assert not same_job(later, replace(job, restarts=0))
+
+
+def test_a_new_job_with_an_old_id_inherits_nothing(make_loop: Callable[..., Loop]) -> None:
+    """Repro: a new job 1 inherited the old job 1's eviction count and cooldown, so its own
+    straggler was never evicted. Now the old state is closed and forgotten."""
+    clock = FakeClock()
+    slurm = FakeScheduler([replace(running_job(clock), submit_time=clock() - 700)], NODES)
+    loop = make_loop(slurm, clock, "a")
+    _evict(loop)
+    assert loop.state.job("5")["evictions"] == "1"
+    old_first = loop.state.job("5")["identity_first_submit_ts"]
+    clock.advance(3600 * 2)
+    slurm.job_table["5"] = _new_job(clock)  # the controller was reinstalled: ids from 1 again
+    loop.service.cycle()
+    kept = loop.state.job("5")
+    assert kept.get("evictions") is None, kept
+    assert kept.get("last_eviction_ts") is None, kept
+    assert kept["identity_user"] == "bob"
+    # Node history names jobs by id and first submit time: one id, two jobs, two names.
+    assert token("5", float(kept["identity_first_submit_ts"])) != token("5", float(old_first))
+    with capture_logs() as logs:
+        _evict(loop, first_step=10_000)
+    assert loop.state.job("5")["evictions"] == "1"
+    assert not [e for e in logs if e["event"] == "service.steps_lost"]  # the old entries
+
+
+def test_recovery_never_acts_on_another_job_with_the_id(make_loop: Callable[..., Loop]) -> None:
+    """Repro: recovery of the old job's half-done eviction set ExcNodeList on an unrelated
+    held job with the same id and released its user hold."""
+    clock = FakeClock()
+    slurm = FakeScheduler([replace(running_job(clock), submit_time=clock() - 700)], NODES)
+    loop = make_loop(slurm, clock, "a")
+    timeout = SlurmError("scontrol timed out")
+    timeout.__cause__ = CommandTimeoutError(["scontrol"], 3.0)
+    slurm.fail["set_excluded"] = timeout
+    _evict_until_held(loop)
+    (open_decision,) = loop.state.open_decisions()
+    assert open_decision["state"] == "held"
+    # The old job is gone; the new job 5 of another user is held by that user.
+    slurm.fail.clear()
+    slurm.job_table["5"] = _new_job(
+        clock, state="PENDING", reason="JobHeldUser", priority=0, nodes=()
+    )
+    changes = len(slurm.changes)
+    for _ in range(3):
+        loop.service.cycle()
+        clock.advance(1)
+    assert slurm.changes[changes:] == [], slurm.changes[changes:]
+    assert slurm.job_table["5"].held
+    decision = loop.state.decision(open_decision["id"])
+    assert decision["state"] == "abandoned"
+    assert "job id 5 is now another job (user bob" in decision["error"]
+    assert not loop.state.open_decisions()
+
+
+def _evict_until_held(loop: Loop) -> None:
+    for cycle in range(30):
+        job = loop.slurm.job_table["5"]
+        if job.running:
+            publish(loop, job, range(cycle * 10, cycle * 10 + 10), {"node3": 2.0})
+        loop.service.cycle()
+        loop.clock.advance(1)
+        if loop.slurm.job_table["5"].held:
+            return
+    pytest.fail(f"never held: {loop.slurm.changes}")
+
+
+def test_redis_that_forgot_is_bounded_by_slurms_restarts(make_loop: Callable[..., Loop]) -> None:
+    """Repro: with Redis restarted empty a job was evicted past its max_requeues; Slurm's
+    own Restarts count survived, and now bounds it."""
+    clock = FakeClock()
+    job = replace(running_job(clock), submit_time=clock() - 700, restarts=2)  # evict: max 2
+    slurm = FakeScheduler([job], NODES)
+    loop = make_loop(slurm, clock, "a")
+    for cycle in range(20):
+        publish(loop, slurm.job_table["5"], range(cycle * 10, cycle * 10 + 10), {"node3": 2.0})
+        loop.service.cycle()
+        clock.advance(1)
+    assert [c for c in slurm.changes if c[0] == "requeue_hold"] == []
+    assert loop.state.job("5")["evictions"] == "2"
+    reasons = " ".join(d.get("reasons", "") for d in loop.state.job_decisions("5"))
+    assert "already evicted 2 times (max 2)" in reasons, reasons
+
+
+def test_a_credential_is_never_handed_to_another_user(private_redis: RedisServer) -> None:
+    """Repro: a new job of another user received the old job's Redis password (SET NX on a
+    key that outlived the job), and the old password could write into the new job's stream."""
+    admin = redis.Redis.from_url(private_redis.url)
+    first = credentials.issue(admin, "7", owner="1000")
+    assert credentials.issue(admin, "7", owner="1000") == first  # the job's other nodes
+    second = credentials.issue(admin, "7", owner="1001")  # another user's job 7
+    assert second != first
+    old = redis.Redis(port=private_redis.port, username=credentials.username("7"), password=first)
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        old.xadd(keys.job_steps("7"), {"x": "1"})
+    new = redis.Redis(port=private_redis.port, username=credentials.username("7"), password=second)
+    assert new.xadd(keys.job_steps("7"), {"x": "1"})
+
+
+def test_a_registration_never_lends_an_old_jobs_options(private_redis: RedisServer) -> None:
+    """Repro: a new job inherited the old job's --straggler-* overrides from a registration
+    that outlived it (the prolog merged into it)."""
+    settings = Settings(redis_url=private_redis.url)
+    old = {"SLURM_JOB_ID": "9", "SPANK_STRAGGLER_MAX_REQUEUES": "0", "SLURM_JOB_USER": "alice"}
+    _redis_prolog(settings, old, HookResult(node="node1", job_id="9"))
+    admin = redis.Redis.from_url(private_redis.url, decode_responses=True)
+    assert admin.hget(keys.job_meta("9"), "max_requeues") == "0"
+    new = {"SLURM_JOB_ID": "9", "SPANK_STRAGGLER_NOTIFY": "log", "SLURM_JOB_USER": "bob"}
+    _redis_prolog(settings, new, HookResult(node="node1", job_id="9"))
+    meta = admin.hgetall(keys.job_meta("9"))
+    assert "max_requeues" not in meta, meta
+    assert (meta["notify"], meta["user"]) == ("log", "bob")
+
+
+def test_on_the_cluster_an_old_half_done_eviction_never_touches_a_held_job(
+    slurm: Slurm, job_dir: Path, state: ServiceState, env: dict[str, str]
+) -> None:
+    """The recovery repro on real Slurm and Redis: the decision an earlier job 1 left open
+    (excluded, not yet released) meets a new job with that id, held by its user. The service
+    abandons the decision; the job keeps its hold and gets no ExcNodeList."""
+    from slurm_plugin.config import load_settings  # noqa: PLC0415
+    from slurm_plugin.service.factory import build  # noqa: PLC0415
+    from slurm_plugin.service.loop import Service  # noqa: PLC0415
+
+    job = slurm.sbatch("--hold", "-N1", f"--output={job_dir / 'held-%j.log'}", "--wrap", "sleep 60")
+    record = slurm.job(job)
+    assert record["Priority"] == "0", record
+    now = time.time()
+    state.save_decision(  # what the old job's eviction left behind (its own user and time)
+        "d-00000000abcd",
+        {
+            "state": "excluded",
+            "action": "evict",
+            "job_id": job,
+            "node": "node3",
+            "job_user": "someone-else",
+            "job_submit_ts": f"{now - 86400 * 30:.0f}",
+            "job_restarts": "0",
+            "restarts_before": "0",
+            "planned_at": f"{now - 5:.3f}",
+            "held_at": f"{now - 4:.3f}",
+        },
+    )
+    settings = load_settings()
+    report = Service(settings, *build(settings)).cycle()
+    assert report.error is None, report.error
+    decision = state.decision("d-00000000abcd")
+    assert decision["state"] == "abandoned", decision
+    assert f"job id {job} is now another job" in decision["error"]
+    after = slurm.job(job)
+    assert after["Priority"] == "0", after  # still held by its user
+    assert after.get("ExcNodeList", "(null)") in {"(null)", ""}, after
