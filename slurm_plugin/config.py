@@ -9,6 +9,7 @@ are errors that name the key and the file.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from collections.abc import Mapping
@@ -136,6 +137,13 @@ class Settings(BaseSettings):
         description="How long an action whose outcome Slurm did not tell us (timeout, "
         "slurmctld away) is re-checked before it is given up as not done.",
     )
+    deployment_id: str = Field(
+        default="",
+        pattern=r"^[a-z0-9-]{0,16}$",
+        description="This deployment's name in every mark it leaves on Slurm and in its lock "
+        "(a-z, 0-9, -; at most 16): two deployments sharing one Slurm never undo each other's "
+        "marks. Empty: derived from redis_url's host, port and database.",
+    )
     evidence_max_age_s: float = Field(
         default=60.0,
         gt=0,
@@ -259,6 +267,18 @@ class Settings(BaseSettings):
                 "SELECT another): use .../0, or a Redis of its own for this deployment"
             )
         return self
+
+    @property
+    def deployment(self) -> str:
+        """``deployment_id``, or 6 hex digits of redis_url's endpoint (never its password)."""
+        if self.deployment_id:
+            return self.deployment_id
+        try:
+            parts = urlsplit(self.redis_url)
+            endpoint = f"{parts.hostname}:{parts.port}/{redis_database(self.redis_url)}"
+        except ValueError:
+            endpoint = "?"
+        return hashlib.sha256(endpoint.encode()).hexdigest()[:6]
 
     def slurm_command(self, name: str) -> str:
         """The argv[0] for a Slurm client command, honouring ``slurm_bin_dir``."""

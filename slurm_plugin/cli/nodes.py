@@ -78,7 +78,7 @@ def node_forgive(settings: Settings, name: str, as_json: bool) -> None:
     audit_action(state, "forgive", node=name, was=old.state)
     resumed = False
     if slurm is not None and not slurm.usable:
-        resumed = Executor(scheduler, state).resume_ours(
+        resumed = Executor(scheduler, state, deployment=settings.deployment).resume_ours(
             name, slurm.reason, marks.new_decision_id()
         )
     note = (

@@ -43,8 +43,11 @@ class Executor:
         max_hold_s: float = 120.0,
         sleep: Callable[[float], None] = time.sleep,
         step_budget_s: float | None = None,
+        deployment: str | None = None,
     ) -> None:
         self.slurm = scheduler
+        #: Whose marks we undo (None: any of ours, as before deployments had names).
+        self.deployment = deployment
         self.state = state
         self.clock = clock
         self.verify_timeout_s = verify_timeout_s
@@ -250,7 +253,7 @@ class Executor:
             if not job.held:
                 continue
             mark = job.admin_comment.rsplit(" | ", 1)[-1]
-            ours = marks.decision_of(mark)
+            ours = marks.decision_of(mark, self.deployment)
             if ours is None or " evict [" not in mark or self.state.decision(ours):
                 continue
             self.slurm.release(job.job_id)
@@ -273,7 +276,7 @@ class Executor:
     def annotate(self, job: JobInfo, text: str) -> None:
         """Put our mark in the job's AdminComment, keeping anyone else's text."""
         own = job.admin_comment
-        if own and not marks.is_ours(own):
+        if own and not marks.is_ours(own, self.deployment):
             keep = own.split(" | straggler:")[0]
             text = f"{keep} | {text}"
         self.slurm.annotate(job.job_id, text[:250])
@@ -302,7 +305,7 @@ class Executor:
 
     def resume_ours(self, node: str, reason: str, decision_id: str) -> bool:
         """Resume ``node`` only when its drain reason is ours; True when resumed."""
-        if not marks.is_ours(reason):
+        if not marks.is_ours(reason, self.deployment):
             return False
         self.slurm.resume(node)
         self.state.save_decision(

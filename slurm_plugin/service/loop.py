@@ -82,7 +82,8 @@ class Service:
         self.store = store
         self.dry_run = dry_run
         self.clock = clock
-        self.instance = instance or f"{socket.gethostname()}:{os.getpid()}"
+        # The lock names the deployment: `straggler status` tells two that share a Slurm.
+        self.instance = instance or f"{settings.deployment}/{socket.gethostname()}:{os.getpid()}"
         self.metrics = metrics or Metrics()
         self.lock_ttl_s = lock_ttl_s or max(10.0, 5 * settings.service_interval_s)
         # Every Slurm-changing call confirms the lock first (the fence), and no step of a cycle
@@ -95,6 +96,7 @@ class Service:
             clock=clock,
             unknown_grace_s=settings.action_grace_s,
             step_budget_s=self.lock_ttl_s / 4,
+            deployment=settings.deployment,
         )
         self._policies = PolicySet(settings, state)
         self._detectors: dict[tuple[str, DetectionParams], Detector] = {}
@@ -263,7 +265,8 @@ class Service:
             kind=event.kind, cause=getattr(event, "cause", event.kind)
         ).inc()
         if not isinstance(event, StragglerEvent):
-            text = f"{marks.PREFIX} {event.kind} at step {event.step} [{decision_id}]"
+            tag = marks.tag(decision_id, self.executor.deployment or "")
+            text = f"{marks.PREFIX} {event.kind} at step {event.step} {tag}"
             self.state.save_decision(
                 decision_id,
                 {**base, "state": "recorded", "action": "report", "details": event.to_dict()},
@@ -299,6 +302,7 @@ class Service:
             f"{event.cause} {event.node}",
             f"+{event.slowdown_pct:.1f}% {decision.action}",
             decision_id,
+            self.executor.deployment or "",
         )
         log.info(
             "service.decision",
@@ -466,7 +470,10 @@ class Service:
             else ("checkpoint" if checkpointed else "max wait")
         )
         mark = marks.reason(
-            f"compute {event.node}", f"+{event.slowdown_pct:.1f}% evict", decision_id
+            f"compute {event.node}",
+            f"+{event.slowdown_pct:.1f}% evict",
+            decision_id,
+            self.executor.deployment or "",
         )
         self._annotate(job, mark, policy)  # our mark on the job before we hold it
         outcome = self._evict(decision_id, job, event.node, {"after": after}, now)

@@ -123,7 +123,12 @@ class NodeRails:
             )
             return
         decision_id = marks.new_decision_id()
-        reason = marks.reason("persistent", "; ".join(transition.reasons), decision_id)
+        reason = marks.reason(
+            "persistent",
+            "; ".join(transition.reasons),
+            decision_id,
+            self.executor.deployment or "",
+        )
         if (
             self.executor.drain(decision_id, event.node, reason, {"job_id": job.job_id})
             == "verified"
@@ -152,7 +157,7 @@ class NodeRails:
                 self.state.clear_prolog_finding(node.name)
                 continue
             decision_id = marks.new_decision_id()
-            reason = marks.reason("prolog", finding, decision_id)
+            reason = marks.reason("prolog", finding, decision_id, self.executor.deployment or "")
             self.executor.drain(decision_id, node.name, reason, {"was": node.reason})
             self.state.clear_prolog_finding(node.name)
             log.warning("service.prolog_drain_explained", node=node.name, reason=reason)

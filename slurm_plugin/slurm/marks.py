@@ -7,7 +7,9 @@ import re
 import secrets
 
 PREFIX = "straggler:"
-_ID = re.compile(r"\[(d-[0-9a-f]{12})\]")
+#: ``[d-<12 hex>@<deployment>]``; marks made before deployments had ids lack ``@...``.
+_ID = re.compile(r"\[(d-[0-9a-f]{12})(?:@([a-z0-9-]{1,16}))?\]")
+DEPLOYMENT = re.compile(r"^[a-z0-9-]{1,16}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9 ._%+:/=,@-]")
 MAX_REASON = 200
 
@@ -23,20 +25,33 @@ def clean(text: str, limit: int = 120) -> str:
     return _UNSAFE.sub("_", text)[:limit]
 
 
-def reason(cause: str, evidence: str, decision_id: str) -> str:
-    """``straggler: <cause> <evidence> [<decision id>]``."""
-    text = f"{PREFIX} {clean(cause, 40)} {clean(evidence)} [{decision_id}]"
-    return text[:MAX_REASON]
+def tag(decision_id: str, deployment: str = "") -> str:
+    """``[<decision id>@<deployment>]``: which decision of which deployment made a mark."""
+    return f"[{decision_id}@{deployment}]" if deployment else f"[{decision_id}]"
 
 
-def decision_of(text: str) -> str | None:
-    """The decision id in one of our marks, or None when the text is not ours."""
+def reason(cause: str, evidence: str, decision_id: str, deployment: str = "") -> str:
+    """``straggler: <cause> <evidence> [<decision id>@<deployment>]`` (the tag is kept whole
+    however long the evidence)."""
+    mark = tag(decision_id, deployment)
+    text = f"{PREFIX} {clean(cause, 40)} {clean(evidence)}"
+    return f"{text[: MAX_REASON - len(mark) - 1]} {mark}"
+
+
+def decision_of(text: str, deployment: str | None = None) -> str | None:
+    """The decision id in one of our marks, or None when the text is not ours. With
+    ``deployment``: only a mark of that deployment (or one made before marks named theirs)
+    counts; another deployment sharing this Slurm made the rest, and they are never undone."""
     if not text.startswith(PREFIX):
         return None
     match = _ID.search(text)
-    return match.group(1) if match else None
+    if match is None:
+        return None
+    if deployment is not None and match.group(2) not in {None, deployment}:
+        return None
+    return match.group(1)
 
 
-def is_ours(text: str) -> bool:
-    """True for a mark we made (prefix and a decision id)."""
-    return decision_of(text) is not None
+def is_ours(text: str, deployment: str | None = None) -> bool:
+    """True for a mark we made (prefix and a decision id; of ``deployment`` when given)."""
+    return decision_of(text, deployment) is not None

@@ -222,3 +222,62 @@ def test_on_the_cluster_an_old_half_done_eviction_never_touches_a_held_job(
     after = slurm.job(job)
     assert after["Priority"] == "0", after  # still held by its user
     assert after.get("ExcNodeList", "(null)") in {"(null)", ""}, after
+
+
+def test_a_second_deployment_never_undoes_the_firsts_marks(make_loop: Callable[..., Loop]) -> None:
+    """Repro: two services on different Redis databases shared one Slurm without excluding
+    each other, and one released the other's requeue-held job as an orphan. Marks now name
+    their deployment: B leaves A's hold (and A's drain) alone; A, whose Redis lost the
+    decision, releases its own orphan; a mark from before deployments had names is still
+    taken for one's own."""
+    clock = FakeClock()
+
+    def held(job_id: str, tag: str) -> JobInfo:
+        return replace(
+            running_job(clock, job_id),
+            state="PENDING",
+            reason="JobHeldUser",
+            priority=0,
+            nodes=(),
+            restarts=1,
+            admin_comment=f"straggler: compute node3 +40.0% evict {tag}",
+        )
+
+    drained = replace(
+        NODES[2], flags=("DRAIN",), reason="straggler: persistent x [d-00000000dddd@aaaa]"
+    )
+    nodes = [*NODES[:2], drained, NODES[3]]
+    jobs = [held("31", "[d-00000000aaaa@aaaa]"), held("32", "[d-00000000bbbb]")]
+    slurm = FakeScheduler(jobs, nodes)
+    b = make_loop(slurm, clock, "b", deployment_id="bbbb")
+    assert b.service.cycle().error is None
+    assert [c[:2] for c in slurm.changes] == [("release", "32")]  # the unnamed (legacy) mark
+    assert slurm.job_table["31"].held
+    assert not b.service.executor.resume_ours("node3", drained.reason, "d-00000000eeee")
+    a = make_loop(slurm, clock, "a", deployment_id="aaaa")
+    assert b.state.step_down("b")
+    a.state.client.flushdb()  # A's Redis (the same server here) lost the decision
+    assert a.service.cycle().error is None
+    assert ("release", "31") in [c[:2] for c in slurm.changes]
+
+
+def test_on_the_cluster_another_deployments_hold_is_left_alone(
+    slurm: Slurm, job_dir: Path, state: ServiceState, env: dict[str, str]
+) -> None:
+    """The deployment repro on real Slurm and Redis: a job held with another deployment's
+    eviction mark, whose decision this deployment's Redis does not know, stays held."""
+    from slurm_plugin.config import load_settings  # noqa: PLC0415
+    from slurm_plugin.service.factory import build  # noqa: PLC0415
+    from slurm_plugin.service.loop import Service  # noqa: PLC0415
+
+    job = slurm.sbatch("--hold", "-N1", f"--output={job_dir / 'held-%j.log'}", "--wrap", "sleep 60")
+    mark = "straggler: compute node3 +40.0% evict [d-00000000aaaa@other-team]"
+    slurm.run("scontrol", "update", f"JobId={job}", f"AdminComment={mark}")
+    settings = load_settings()
+    assert settings.deployment != "other-team"
+    report = Service(settings, *build(settings)).cycle()
+    assert report.error is None, report.error
+    after = slurm.job(job)
+    assert after["Priority"] == "0", after
+    assert after["AdminComment"] == mark
+    assert not [e for e in state.audit() if e.get("action") == "release"]

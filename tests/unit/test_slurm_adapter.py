@@ -66,3 +66,31 @@ def test_marks() -> None:
     assert marks.decision_of(text) == decision
     assert not marks.is_ours("maintenance by bob")
     assert not marks.is_ours(f"someone: copied [{decision}]")
+
+
+def test_marks_name_their_deployment() -> None:
+    """Issue 25: a mark names its deployment; another deployment's mark is not ours, one made
+    before marks named theirs is everyone's (as it was); the tag survives a long reason."""
+    decision = marks.new_decision_id()
+    text = marks.reason("persistent", "x" * 400, decision, "aaaa")
+    assert len(text) <= marks.MAX_REASON
+    assert text.endswith(f"[{decision}@aaaa]")
+    assert marks.decision_of(text) == decision
+    assert marks.decision_of(text, "aaaa") == decision
+    assert marks.decision_of(text, "bbbb") is None
+    assert not marks.is_ours(text, "bbbb")
+    legacy = marks.reason("persistent", "slow", decision)
+    assert marks.is_ours(legacy, "bbbb")
+    assert not marks.is_ours(f"straggler: forged [{decision}@UPPER]", None)
+
+
+def test_settings_derive_a_deployment_from_the_redis_endpoint() -> None:
+    """Two deployments on one Redis server but different databases get different names;
+    the password never enters the name; an explicit deployment_id wins."""
+    from slurm_plugin.config import Settings  # noqa: PLC0415
+
+    one = Settings(redis_url="redis://:secret@10.0.0.5:6379/0").deployment
+    assert one == Settings(redis_url="redis://:other@10.0.0.5:6379/0").deployment
+    assert one != Settings(redis_url="redis://10.0.0.5:6379/1").deployment
+    assert marks.DEPLOYMENT.match(one)
+    assert Settings(deployment_id="prod-a").deployment == "prod-a"
