@@ -22,6 +22,7 @@ import structlog
 from slurm_plugin.errors import CommandTimeoutError, JobNotFoundError, SlurmError
 from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.service.identity import Known, describe, fields_of, same_job
+from slurm_plugin.service.node_actions import NodeActions
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.scheduler import Scheduler
@@ -57,6 +58,9 @@ class Executor:
         #: The longest one call waits for verification (real seconds); past it the decision
         #: stays "released" and the next cycle's recover() verifies on.
         self.step_budget_s = verify_timeout_s if step_budget_s is None else step_budget_s
+        self.nodes = NodeActions(
+            scheduler, state, clock=clock, unknown_grace_s=unknown_grace_s, deployment=deployment
+        )
 
     # -- eviction -------------------------------------------------------------------------------
     def evict(
@@ -155,12 +159,17 @@ class Executor:
             try:
                 job = self.slurm.job(job_id)
                 answered = True
+                # What we did, as Slurm shows it: requeued, the node excluded, not held. A job
+                # still pending after that (Slurm's requeue delay, a busy partition: 83 s under
+                # load) is no failure of ours.
                 ok = (
                     node in job.excluded
                     and job.restarts > restarts_before
                     and not job.held
                     and node not in job.nodes
                 )
+                if job.held:  # our release did not take (or came too early): again
+                    self.slurm.release(job_id)
                 detail = (
                     f"state={job.state} restarts={job.restarts} "
                     f"excluded={','.join(job.excluded)} nodes={','.join(job.nodes)}"
@@ -184,93 +193,156 @@ class Executor:
             self.sleep(0.5)
 
     def recover(self) -> list[str]:
-        """Finish or close every decision a previous service left open."""
+        """Finish or close every decision a previous service (or cycle) left open."""
         done = []
         for rec in self.state.open_decisions():
-            decision_id, state = rec["id"], rec.get("state", "")
-            job_id, node = rec.get("job_id", ""), rec.get("node", "")
-            if state == "waiting" or rec.get("action") != "evict":
+            action = rec.get("action")
+            if action in {"drain", "resume"}:
+                finished = self.nodes.recover(rec) != "pending"
+            elif action == "release":
+                finished = self._recover_release(rec)
+            elif action == "evict" and rec.get("state") != "waiting":
+                finished = self._recover_eviction(rec)
+            else:
                 continue
-            before = int(rec.get("restarts_before", "0") or 0)
-            log.warning("executor.recovering", decision_id=decision_id, job_id=job_id, state=state)
-            try:
-                job = self.slurm.job(job_id)
-            except SlurmError as exc:
-                if isinstance(exc, JobNotFoundError):
-                    self.state.save_decision(
-                        decision_id, {"state": "failed", "error": f"recover: {exc}"}
-                    )
-                else:  # Slurm away: try again next cycle
-                    self.state.save_decision(decision_id, {"error": f"recover: {exc}"})
-                continue
-            known = Known.of(rec, prefix="job_")
-            if known is not None and not same_job(known, job):
-                # Slurm gave the id to another job (controller reinstalled, MaxJobId wrapped):
-                # whatever the old job's eviction left undone, this job is never touched.
-                self.state.save_decision(
-                    decision_id,
-                    {
-                        "state": "abandoned",
-                        "error": f"job id {job_id} is now another job ({describe(job)}): "
-                        "nothing done to it",
-                    },
-                )
-                log.warning("executor.job_id_reused", decision_id=decision_id, job_id=job_id)
-                continue
-            now = self.clock()
-            if state == "planned" and not (job.held and job.restarts > before):
-                # An scontrol started before a crash or timeout may still land: wait a while.
-                if now - _float(rec.get("planned_at"), now) < self.unknown_grace_s:
-                    continue
-                # requeuehold never happened: nothing to undo; detection will speak again.
-                self.state.save_decision(
-                    decision_id,
-                    {"state": "abandoned", "error": rec.get("error") or "stopped before acting"},
-                )
-                self.state.uncount_eviction(job_id)
-            elif state == "released":
-                self._verify(decision_id, job_id, node, before, _float(rec.get("released_at"), now))
-            else:  # planned (held by us), held or excluded
-                if state == "planned":  # our requeuehold landed after all: held from now on
-                    held_at = now
-                    self.state.save_decision(
-                        decision_id, {"state": "held", "held_at": f"{now:.3f}", "recovered": "yes"}
-                    )
-                else:
-                    held_at = _float(rec.get("held_at"), now)
-                self._finish(decision_id, job_id, node, before, held_at)
-            done.append(decision_id)
+            if finished:
+                done.append(rec["id"])
         return done
+
+    def _recover_eviction(self, rec: dict[str, str]) -> bool:
+        decision_id, state = rec["id"], rec.get("state", "")
+        job_id, node = rec.get("job_id", ""), rec.get("node", "")
+        before = int(rec.get("restarts_before", "0") or 0)
+        log.warning("executor.recovering", decision_id=decision_id, job_id=job_id, state=state)
+        try:
+            job = self.slurm.job(job_id)
+        except SlurmError as exc:
+            if isinstance(exc, JobNotFoundError):
+                self.state.save_decision(
+                    decision_id, {"state": "failed", "error": f"recover: {exc}"}
+                )
+                return True
+            self.state.save_decision(decision_id, {"error": f"recover: {exc}"})  # next cycle
+            return False
+        known = Known.of(rec, prefix="job_")
+        if known is not None and not same_job(known, job):
+            # Slurm gave the id to another job (controller reinstalled, MaxJobId wrapped):
+            # whatever the old job's eviction left undone, this job is never touched.
+            self.state.save_decision(
+                decision_id,
+                {
+                    "state": "abandoned",
+                    "error": f"job id {job_id} is now another job ({describe(job)}): "
+                    "nothing done to it",
+                },
+            )
+            log.warning("executor.job_id_reused", decision_id=decision_id, job_id=job_id)
+            return True
+        now = self.clock()
+        if state == "planned" and not (job.held and job.restarts > before):
+            # An scontrol started before a crash or timeout may still land: wait a while.
+            if now - _float(rec.get("planned_at"), now) < self.unknown_grace_s:
+                return False
+            # requeuehold never happened: nothing to undo; detection will speak again.
+            self.state.save_decision(
+                decision_id,
+                {"state": "abandoned", "error": rec.get("error") or "stopped before acting"},
+            )
+            self.state.uncount_eviction(job_id)
+        elif state == "released":
+            self._verify(decision_id, job_id, node, before, _float(rec.get("released_at"), now))
+        else:  # planned (held by us), held or excluded
+            if state == "planned":  # our requeuehold landed after all: held from now on
+                held_at = now
+                self.state.save_decision(
+                    decision_id, {"state": "held", "held_at": f"{now:.3f}", "recovered": "yes"}
+                )
+            else:
+                held_at = _float(rec.get("held_at"), now)
+            self._finish(decision_id, job_id, node, before, held_at)
+        return True
 
     def release_orphans(self, jobs: Sequence[JobInfo]) -> list[str]:
         """Slurm is the source of truth for what we did to it: a job held with our eviction
         mark whose decision Redis does not know (a restart without persistence lost it) is
-        released, never left held, and the release audited. A known decision is recover()'s;
-        a hold without our eviction mark is someone else's and left alone."""
+        released, never left held, and the release audited (read back: ``verified`` once
+        Slurm shows it not held; recover() tries again until then). A known decision is
+        recover()'s; a hold without our eviction mark is someone else's and left alone."""
         released = []
         why = "which Redis does not know (lost in a restart?): released rather than left held"
+        releasing = {
+            d.get("of") for d in self.state.open_decisions() if d.get("action") == "release"
+        }
         for job in jobs:
             if not job.held:
                 continue
             mark = job.admin_comment.rsplit(" | ", 1)[-1]
             ours = marks.decision_of(mark, self.deployment)
-            if ours is None or " evict [" not in mark or self.state.decision(ours):
+            if ours is None or " evict [" not in mark or ours in releasing:
                 continue
-            self.slurm.release(job.job_id)
+            known = self.state.decision(ours)
+            reasons = [f"held with our eviction mark {ours}, {why}"]
+            if known:
+                late = _landed_late(ours, known, job)
+                if late is None:
+                    continue  # recover()'s, or done with
+                reasons = [late]
+            decision_id = marks.new_decision_id()
+            if known:
+                self.state.save_decision(ours, {"landed_late": decision_id})
             self.state.save_decision(
-                marks.new_decision_id(),
+                decision_id,
                 {
-                    "state": "recorded",
+                    "state": "planned",
                     "action": "release",
                     "job_id": job.job_id,
+                    **fields_of(job, None, prefix="job_"),
                     "of": ours,
                     "by": "reconcile",
-                    "reasons": [f"held with our eviction mark {ours}, {why}"],
+                    "reasons": reasons,
+                    "planned_at": f"{self.clock():.3f}",
                 },
             )
             log.warning("executor.orphan_released", job_id=job.job_id, decision_id=ours)
+            self._release_and_check(decision_id, job.job_id)
             released.append(job.job_id)
         return released
+
+    def _release_and_check(self, decision_id: str, job_id: str) -> bool:
+        """Release, then read back: True once Slurm shows the job not held."""
+        try:
+            self.slurm.release(job_id)
+            job = self.slurm.job(job_id)
+        except SlurmError as exc:  # told or not, the next cycle reads it back and retries
+            self.state.save_decision(decision_id, {"error": f"release: {exc} (re-checked)"})
+            return False
+        if job.held:
+            self.state.save_decision(decision_id, {"error": "still held after release"})
+            return False
+        self.state.save_decision(decision_id, {"state": "verified", "verified": job.state})
+        return True
+
+    def _recover_release(self, rec: dict[str, str]) -> bool:
+        decision_id, job_id = rec["id"], rec.get("job_id", "")
+        try:
+            job = self.slurm.job(job_id)
+        except JobNotFoundError:
+            self.state.save_decision(decision_id, {"state": "abandoned", "error": "job gone"})
+            return True
+        except SlurmError as exc:
+            self.state.save_decision(decision_id, {"error": f"recover: {exc}"})
+            return False
+        known = Known.of(rec, prefix="job_")
+        if known is not None and not same_job(known, job):
+            self.state.save_decision(
+                decision_id,
+                {"state": "abandoned", "error": f"job id {job_id} is now another job"},
+            )
+            return True
+        if not job.held:
+            self.state.save_decision(decision_id, {"state": "verified", "verified": job.state})
+            return True
+        return self._release_and_check(decision_id, job_id)
 
     # -- marks ------------------------------------------------------------------------------------
     def annotate(self, job: JobInfo, text: str) -> None:
@@ -284,34 +356,29 @@ class Executor:
     def drain(
         self, decision_id: str, node: str, reason: str, record: dict[str, object] | None = None
     ) -> str:
-        """Drain ``node`` with our reason (persisted first)."""
-        self.state.save_decision(
-            decision_id,
-            {
-                **(record or {}),
-                "state": "planned",
-                "action": "drain",
-                "node": node,
-                "reason": reason,
-            },
-        )
-        try:
-            self.slurm.drain(node, reason)
-        except SlurmError as exc:
-            self.state.save_decision(decision_id, {"state": "failed", "error": str(exc)})
-            return "failed"
-        self.state.save_decision(decision_id, {"state": "verified"})
-        return "verified"
+        """Drain ``node`` with our reason, read back from Slurm (service/node_actions.py)."""
+        return self.nodes.drain(decision_id, node, reason, record)
 
     def resume_ours(self, node: str, reason: str, decision_id: str) -> bool:
-        """Resume ``node`` only when its drain reason is ours; True when resumed."""
-        if not marks.is_ours(reason, self.deployment):
-            return False
-        self.slurm.resume(node)
-        self.state.save_decision(
-            decision_id, {"state": "verified", "action": "resume", "node": node, "was": reason}
-        )
-        return True
+        """Resume ``node`` only when its drain reason is ours; True when Slurm shows it."""
+        return self.nodes.resume(node, reason, decision_id)
+
+
+def _landed_late(decision_id: str, decision: dict[str, str], job: JobInfo) -> str | None:
+    """Why a held job whose eviction decision Redis knows is ours to release: the decision
+    was given up (its requeuehold timed out, then landed later: slurmctld under load), so
+    nobody else will. None when it is not (open, verified, released once already)."""
+    if decision.get("action") != "evict" or decision.get("landed_late"):
+        return None
+    if decision.get("state") not in {"abandoned", "failed"}:
+        return None
+    before = int(decision.get("restarts_before", "0") or 0)
+    if job.restarts <= before:
+        return None
+    return (
+        f"held by our eviction {decision_id}, given up as "
+        f"{decision.get('state')} before its requeue landed: released rather than left held"
+    )
 
 
 def _timed_out(exc: SlurmError) -> bool:

@@ -206,6 +206,7 @@ class Service:
         for job_id in reused:
             self._ingest.forget(job_id)
         self._ingest.forget_all_but(running)
+        self.state.close_waiting(set(running) - reused)
 
     def _detector_for(self, job: JobInfo, policy: Policy) -> Detector:
         """One detector per policy and detection parameters: a job's own stricter minimum

@@ -118,6 +118,17 @@ class ServiceState:
         ids = sorted(cast("set[str]", self.client.smembers(keys.DECISIONS_OPEN)))
         return [{"id": i, **self.decision(i)} for i in ids]
 
+    def close_waiting(self, running: set[str]) -> list[str]:
+        """Close the waiting decisions of jobs that no longer run (``running``: Slurm's
+        answer, never a guess while it is away): nothing is waited for any more."""
+        closed = []
+        for rec in self.open_decisions():
+            if rec.get("state") == "waiting" and rec.get("job_id") not in running:
+                why = "the job stopped running (ended, requeued or held) while waiting"
+                self.save_decision(rec["id"], {"state": "abandoned", "error": why})
+                closed.append(rec["id"])
+        return closed
+
     def audit(
         self,
         since: float = 0.0,

@@ -646,8 +646,13 @@ def test_a_job_held_with_our_mark_and_no_record_is_released(
     assert [c[:2] for c in slurm.changes] == [("release", "21")]
     assert slurm.job_table["21"].state == "RUNNING"
     assert all(slurm.job_table[j].held for j in ("22", "23", "24"))
-    (entry,) = [e for e in loop.state.audit() if e.get("action") == "release"]
-    assert (entry["job_id"], entry["of"], entry["by"]) == ("21", "d-00000000aaaa", "reconcile")
+    planned, verified = [e for e in loop.state.audit() if e.get("action") == "release"]
+    assert (planned["job_id"], planned["of"], planned["by"]) == (
+        "21",
+        "d-00000000aaaa",
+        "reconcile",
+    )
+    assert (verified["id"], verified["state"]) == (planned["id"], "verified")  # read back
     dry = make_loop(
         FakeScheduler([held("25", jobs[0].admin_comment)], NODES), clock, "b", dry_run=True
     )

@@ -381,8 +381,9 @@ def test_redis_without_data_restarted_mid_eviction(
     wait_cycles(st, 2)
     record = slurm.job(job)
     assert record["Priority"] != "0", record
-    (entry,) = [e for e in st.audit() if e.get("action") == "release"]
+    entry, verified = [e for e in st.audit() if e.get("action") == "release"]
     assert (entry["job_id"], entry["by"]) == (job, "reconcile")
+    assert (verified["id"], verified["state"]) == (entry["id"], "verified")  # read back
     assert marks.decision_of(record["AdminComment"].rsplit(" | ", 1)[-1]) == entry["of"]
     wait_for(lambda: slurm.job(job)["JobState"] == "RUNNING", 60, "the job to run again")
     assert faults.calls("requeuehold") == 1

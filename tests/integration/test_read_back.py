@@ -1,0 +1,220 @@
+"""Issue 25: the audit agrees with Slurm. Drains, resumes and orphan releases are read back
+from Slurm, an unknown outcome is re-checked (never "failed" while it is unknown), and open
+decisions close. The real Executor and ServiceState over a private redis-server, with
+slurm_plugin.testing's FakeScheduler (timeouts that land or not, calls that do nothing)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import pytest
+import redis
+
+from slurm_plugin.errors import CommandTimeoutError, SlurmError
+from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.service.executor import Executor
+from slurm_plugin.service.state import ServiceState
+from slurm_plugin.slurm import marks
+from slurm_plugin.testing import FakeClock, FakeScheduler
+from tests.integration.conftest import RedisServer
+from tests.integration.test_control_loop import (
+    NODES,
+    Loop,
+    make_loop,
+    publish,
+    running_job,
+)
+
+__all__ = ["make_loop"]  # the fixture, shared with test_control_loop
+pytestmark = pytest.mark.integration
+
+GRACE = 60.0
+
+
+def _timeout() -> SlurmError:
+    error = SlurmError("scontrol update: timed out after 3 s")
+    error.__cause__ = CommandTimeoutError(["scontrol"], 3.0)
+    return error
+
+
+class Flaky(FakeScheduler):
+    """``effect[call]``: what a changing call does. "lands": takes effect then times out;
+    "lost": times out without effect; "nothing": answers OK and changes nothing."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.effect: dict[str, str] = {}
+
+    def _flaky(self, name: str, real: Callable[[], None]) -> None:
+        how = self.effect.pop(name, "")
+        if how in {"lands", ""}:
+            real()
+        else:
+            self.calls.append((name, "(no effect)"))
+        if how in {"lands", "lost"}:
+            raise _timeout()
+
+    def drain(self, node: str, reason: str) -> None:
+        self._flaky("drain", lambda: super(Flaky, self).drain(node, reason))
+
+    def resume(self, node: str) -> None:
+        self._flaky("resume", lambda: super(Flaky, self).resume(node))
+
+    def release(self, job_id: str) -> None:
+        self._flaky("release", lambda: super(Flaky, self).release(job_id))
+
+
+@pytest.fixture
+def setup(private_redis: RedisServer) -> Iterator[tuple[Executor, Flaky, ServiceState, FakeClock]]:
+    client = redis.Redis.from_url(private_redis.url, decode_responses=True)
+    clock = FakeClock()
+    slurm = Flaky([], NODES)
+    state = ServiceState(client, clock)
+    executor = Executor(slurm, state, clock=clock, unknown_grace_s=GRACE, deployment="aaaa")
+    yield executor, slurm, state, clock
+    client.close()
+
+
+def _reason(decision_id: str) -> str:
+    return marks.reason("persistent", "node3 slow in 3 jobs", decision_id, "aaaa")
+
+
+@pytest.mark.parametrize(
+    ("effect", "first", "final"),
+    [
+        pytest.param("", "verified", "verified", id="drained"),
+        pytest.param("nothing", "failed", "failed", id="answered-without-effect"),
+        pytest.param("lands", "pending", "verified", id="timed-out-then-landed"),
+        pytest.param("lost", "pending", "abandoned", id="timed-out-never-landed"),
+    ],
+)
+def test_a_drain_is_what_slurm_shows(
+    setup: tuple[Executor, Flaky, ServiceState, FakeClock], effect: str, first: str, final: str
+) -> None:
+    """Repro: a drain that did nothing was recorded verified; one that landed after a timeout
+    was failed while the node stayed drained with our mark."""
+    executor, slurm, state, clock = setup
+    slurm.effect["drain"] = effect
+    decision_id = marks.new_decision_id()
+    assert executor.drain(decision_id, "node3", _reason(decision_id)) == first
+    if first == "pending":
+        assert state.decision(decision_id)["state"] == "planned"
+        assert "outcome unknown" in state.decision(decision_id)["error"]
+        executor.recover()  # within the grace: still unknown unless Slurm shows it
+        clock.advance(GRACE + 1)
+        executor.recover()
+    decision = state.decision(decision_id)
+    assert decision["state"] == final, decision
+    assert slurm.node_table["node3"].drained == (final == "verified")
+    assert not state.open_decisions()
+
+
+def test_a_drain_planned_before_a_crash_is_closed_from_slurm(
+    setup: tuple[Executor, Flaky, ServiceState, FakeClock],
+) -> None:
+    """Repro: a crash before the call left a drain planned forever (status showed it open)."""
+    executor, slurm, state, clock = setup
+    never, landed = marks.new_decision_id(), marks.new_decision_id()
+    for decision_id in (never, landed):
+        state.save_decision(
+            decision_id,
+            {
+                "state": "planned",
+                "action": "drain",
+                "node": "node3" if decision_id == landed else "node2",
+                "planned_at": f"{clock():.3f}",
+            },
+        )
+    FakeScheduler.drain(slurm, "node3", _reason(landed))  # the call went out, then the crash
+    executor.recover()
+    assert state.decision(landed)["state"] == "verified"
+    assert state.decision(never)["state"] == "planned"  # may still land: within the grace
+    clock.advance(GRACE + 1)
+    executor.recover()
+    assert state.decision(never)["state"] == "abandoned"
+    assert not state.open_decisions()
+
+
+def test_a_resume_is_read_back_and_another_deployments_drain_kept(
+    setup: tuple[Executor, Flaky, ServiceState, FakeClock],
+) -> None:
+    executor, slurm, state, _clock = setup
+    ours = marks.new_decision_id()
+    FakeScheduler.drain(slurm, "node3", _reason(ours))
+    theirs = "straggler: persistent x [d-00000000ffff@bbbb]"
+    FakeScheduler.drain(slurm, "node2", theirs)
+    assert not executor.resume_ours("node2", theirs, marks.new_decision_id())
+    assert slurm.node_table["node2"].drained
+    slurm.effect["resume"] = "lands"
+    resume_id = marks.new_decision_id()
+    assert not executor.resume_ours("node3", _reason(ours), resume_id)  # unknown yet
+    executor.recover()
+    assert state.decision(resume_id)["state"] == "verified"
+
+
+def _held(clock: FakeClock, job_id: str, mark: str, restarts: int = 1) -> JobInfo:
+    return replace(
+        running_job(clock, job_id),
+        state="PENDING",
+        reason="JobHeldUser",
+        priority=0,
+        nodes=(),
+        restarts=restarts,
+        admin_comment=mark,
+        submit_time=clock() - 100,
+    )
+
+
+def test_an_orphan_release_is_read_back_and_retried(
+    setup: tuple[Executor, Flaky, ServiceState, FakeClock],
+) -> None:
+    executor, slurm, state, clock = setup
+    job = _held(clock, "41", "straggler: compute node3 +40.0% evict [d-00000000aaaa@aaaa]")
+    slurm.job_table["41"] = job
+    slurm.effect["release"] = "nothing"
+    assert executor.release_orphans([job]) == ["41"]
+    (release,) = [d for d in state.open_decisions() if d.get("action") == "release"]
+    assert release["state"] == "planned"
+    assert executor.release_orphans(list(slurm.job_table.values())) == []  # one at a time
+    executor.recover()
+    assert state.decision(release["id"])["state"] == "verified"
+    assert not slurm.job_table["41"].held
+
+
+def test_an_eviction_given_up_whose_requeue_landed_late_is_released(
+    setup: tuple[Executor, Flaky, ServiceState, FakeClock],
+) -> None:
+    """Repro: a requeuehold that timed out and landed after the decision was given up left
+    the job held by us with a closed decision: nothing released it."""
+    executor, slurm, state, clock = setup
+    state.save_decision(
+        "d-00000000abcd",
+        {"state": "abandoned", "action": "evict", "job_id": "42", "restarts_before": "0"},
+    )
+    job = _held(clock, "42", "straggler: compute node3 +40.0% evict [d-00000000abcd@aaaa]")
+    slurm.job_table["42"] = job
+    assert executor.release_orphans([job]) == ["42"]
+    assert not slurm.job_table["42"].held
+    assert state.decision("d-00000000abcd")["landed_late"]
+    slurm.job_table["42"] = job  # held again later (by its user): no longer ours to release
+    assert executor.release_orphans([job]) == []
+
+
+def test_a_waiting_decision_closes_when_its_job_ends(make_loop: Callable[..., Loop]) -> None:
+    """Repro: a waiting decision never closed when its job ended."""
+    clock = FakeClock()
+    job = replace(running_job(clock, policy="evict"), submit_time=clock() - 700)
+    slurm = FakeScheduler([job], NODES)
+    loop = make_loop(slurm, clock, "a")
+    loop.state.save_decision(
+        "d-00000000cafe", {"state": "waiting", "action": "evict", "job_id": "5", "node": "node3"}
+    )
+    publish(loop, job, range(10), {})
+    loop.service.cycle()
+    assert loop.state.decision("d-00000000cafe")["state"] == "waiting"
+    del slurm.job_table["5"]  # the job ended
+    loop.service.cycle()
+    closed = loop.state.decision("d-00000000cafe")
+    assert closed["state"] == "abandoned"
+    assert "stopped running" in closed["error"]
