@@ -9,7 +9,7 @@ the job: a restarted job runs on other nodes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -83,6 +83,16 @@ class Detector:
         """What the job's current attempt took for structure at the end of its warm-up."""
         state = self._jobs.get(job_id)
         return list(state.detector.structure) if state and state.detector else []
+
+    def recent_slowdown_pct(
+        self, job_id: str, node: str, ranks: Sequence[int] = (), since_step: int | None = None
+    ) -> float | None:
+        """The re-check of ``node`` on the job's current attempt, from the rows this detector
+        holds (:meth:`JobDetector.recent_slowdown_pct`); None: unknown."""
+        state = self._jobs.get(job_id)
+        if state is None or state.detector is None:
+            return None
+        return state.detector.recent_slowdown_pct(node, ranks, since_step)
 
     @property
     def jobs(self) -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -25,6 +26,7 @@ from slurm_plugin.detection.charts import CAP, END_ARL, bank, node_references
 from slurm_plugin.detection.episodes import Episodes
 from slurm_plugin.detection.events import Event, StragglerEvent, SyncStallEvent
 from slurm_plugin.detection.params import F64, DetectionParams, cusum_thresholds
+from slurm_plugin.detection.recheck import tail_slowdown_pct
 from slurm_plugin.detection.stats import (
     MAD_TO_SIGMA,
     cusum,
@@ -86,6 +88,8 @@ class _Tail:
     healthy: F64
     step: F64
     ts: F64
+    #: Each row's step number (the re-check looks at rows from the step a node was flagged).
+    number: F64
     offset: int = 0
 
 
@@ -255,7 +259,8 @@ class JobDetector:
         self._input_s = input_s[-1] if rows else self._input_s
         input_hit = (input_s > _INPUT_THRESHOLD) & np.isfinite(b.data)
 
-        window = self._window(_Tail(excess_c, excess_d, z, *_what_if(b, med_c, self._scale), b.ts))
+        what_if = _what_if(b, med_c, self._scale)
+        window = self._window(_Tail(excess_c, excess_d, z, *what_if, b.ts, b.steps.astype(float)))
         input_calm = self._episodes.input_calm(input_s / _INPUT_THRESHOLD)
         self._episodes.block(b.ts, {**ended, "input:node": input_calm})
         events: list[Event] = []
@@ -338,6 +343,16 @@ class JobDetector:
         return np.where(np.isfinite(smooth), np.maximum(1.0, np.fmax(smooth, wide)), 1.0)
 
     # -- attribution ---------------------------------------------------------------------------
+    def recent_slowdown_pct(
+        self, node: str, ranks: Sequence[int] = (), since_step: int | None = None
+    ) -> float | None:
+        """The re-check on this detector's newest rows (detection/recheck.py); None: unknown."""
+        tail = self._tail
+        if tail is None or node not in self.node_names:
+            return None
+        on_node = np.flatnonzero(self.rank_node == self.node_names.index(node))
+        return tail_slowdown_pct(tail.excess_compute, tail.number, on_node, ranks, since_step)
+
     def _window(self, block: _Tail) -> _Tail:
         """Block rows preceded by the tail of earlier blocks; keeps the new tail."""
         keep = self.params.attribution_steps

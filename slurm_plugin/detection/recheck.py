@@ -50,3 +50,29 @@ def recent_slowdown_pct(
             if len(ratios) == steps:
                 break
     return (float(np.median(ratios)) - 1.0) * 100.0 if ratios else None
+
+
+def tail_slowdown_pct(
+    excess: np.ndarray,
+    numbers: np.ndarray,
+    on_node: np.ndarray,
+    ranks: Collection[int] = (),
+    since_step: int | None = None,
+    steps: int = 20,
+) -> float | None:
+    """The same look from a detector's own newest rows (``excess``: each rank's compute over
+    the row's median, structure taken out; ``numbers``: the rows' step numbers): the node's
+    straggling ``ranks`` (of ``on_node``; all of them when empty), over the newest ``steps``
+    rows from ``since_step`` on, as the median over rows of their median excess, in %. Cheap
+    at any world size (a few rows of the ranks in question). None when no such row shows
+    them: unknown, which is never "recovered"."""
+    cols = np.intersect1d(on_node, np.asarray(list(ranks), dtype=np.int64)) if ranks else on_node
+    rows = np.ones(len(numbers), dtype=bool) if since_step is None else numbers >= since_step
+    if not len(cols) or not rows.any():
+        return None
+    picked = excess[rows][-steps:][:, cols]
+    shown = np.isfinite(picked).any(axis=1)
+    if not shown.any():
+        return None
+    per_row = np.nanmedian(picked[shown], axis=1)
+    return float(np.median(per_row) * 100.0)

@@ -34,9 +34,9 @@ from slurm_plugin.service.ingest import Ingest
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.node_rails import NodeRails
 from slurm_plugin.service.policies import PolicySet
-from slurm_plugin.service.record import decision_record, number
+from slurm_plugin.service.record import decision_record, job_context, number
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.service.waiting import Recheck, candidates, with_candidate
+from slurm_plugin.service.waiting import UNKNOWN, Recheck, candidates, with_candidate
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.scheduler import Scheduler
 from slurm_plugin.telemetry.store import TelemetryStore
@@ -104,7 +104,7 @@ class Service:
         self._identities = Identities(state)
         self._job_policy: dict[str, tuple[str, DetectionParams]] = {}
         self._node_rails = NodeRails(state, self.executor, dry_run=dry_run)
-        self._recheck = Recheck(store)
+        self._recheck = Recheck(self._detector_of)
         self._failures = 0  # cycles failed in a row
         self._standby_until = 0.0  # after stepping down: do not take the lock before this
         #: The cluster-wide rails: the service's settings, never a job's policy.
@@ -208,6 +208,10 @@ class Service:
         self._ingest.forget_all_but(running)
         self.state.close_waiting(set(running) - reused)
 
+    def _detector_of(self, job_id: str) -> Detector | None:
+        key = self._job_policy.get(job_id)
+        return None if key is None else self._detectors.get(key)
+
     def _detector_for(self, job: JobInfo, policy: Policy) -> Detector:
         """One detector per policy and detection parameters: a job's own stricter minimum
         (sbatch --straggler-min-slowdown) never changes the thresholds of other jobs."""
@@ -222,23 +226,7 @@ class Service:
 
     # -- decisions ----------------------------------------------------------------------------
     def _context(self, job: JobInfo) -> JobContext:
-        job_state = self.state.job(job.job_id)
-
-        def num(key: str) -> float | None:
-            return float(job_state[key]) if job_state.get(key) else None
-
-        return JobContext(
-            evictions=int(job_state.get("evictions", "0") or 0),
-            last_eviction_ts=num("last_eviction_ts"),
-            last_checkpoint_ts=num("last_checkpoint_ts"),
-            reports_checkpoints=job_state.get("reports_checkpoints") == "1"
-            and not (
-                num("wait_expired_ts") is not None
-                and (num("last_checkpoint_ts") or 0.0) <= (num("wait_expired_ts") or 0.0)
-            ),
-            checkpoint_period_s=num("checkpoint_period_s"),
-            waiting_since=num("waiting_since"),
-        )
+        return job_context(self.state.job(job.job_id))
 
     def _cluster(self, nodes: tuple[NodeInfo, ...], now: float) -> ClusterContext:
         return ClusterContext(
@@ -319,7 +307,10 @@ class Service:
             recovered = self._recheck.recovered(
                 job, event.node, policy, event.ranks, since_step=event.step
             )
-            if recovered:
+            if recovered == UNKNOWN:  # not "recovered": waits one cycle and decides again
+                decision = replace(decision, action="wait", reasons=[recovered])
+                record.update(decision="wait", reasons=decision.reasons, waiting_for="recheck")
+            elif recovered:
                 decision = replace(decision, action="none", reasons=[recovered])
                 record.update(decision="none", reasons=decision.reasons)
         if decision.action == "evict":
@@ -404,8 +395,9 @@ class Service:
         rec = self.state.decision(decision_id)
         ctx = self._context(job)
         policy = self.policy_for(job)
-        if rec.get("waiting_for") == "resume":  # held back by a pause or the breaker
-            if self.state.paused() is not None or self.state.breaker() is not None:
+        waiting_for = rec.get("waiting_for")
+        if waiting_for in {"resume", "recheck"}:  # a pause or the breaker; a re-check unsure
+            if waiting_for == "resume" and (self.state.paused() or self.state.breaker()):
                 return
             checkpointed, expired = False, True
         else:
@@ -413,7 +405,7 @@ class Service:
             expired = now - (ctx.waiting_since or now) >= policy.actions.max_wait_s
         if not (checkpointed or expired):
             return
-        if expired and not checkpointed and rec.get("waiting_for") != "resume":
+        if expired and not checkpointed and waiting_for not in {"resume", "recheck"}:
             # No checkpoint within max_wait_s: decide on the job as if it reported none until
             # its next one (else every report would wait max_wait_s again).
             self.state.update_job(job.job_id, wait_expired_ts=f"{now:.3f}")
@@ -450,6 +442,9 @@ class Service:
             recovered = self._recheck.recovered(
                 job, event.node, policy, event.ranks, since_step=flagged_at
             )
+            if recovered == UNKNOWN:  # still nothing to re-check on: wait on
+                self.state.save_decision(decision_id, {"waiting_for": "recheck"})
+                return
             reasons = [recovered] if recovered else reasons
         if again.action != "evict" or reasons != again.reasons:
             log.info(

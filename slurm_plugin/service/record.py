@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any
 
 from slurm_plugin.detection import StragglerEvent
-from slurm_plugin.policy.decide import Decision
+from slurm_plugin.policy.decide import Decision, JobContext
 
 
 def decision_record(
@@ -40,12 +42,33 @@ def decision_record(
     }
 
 
+def job_context(job_state: Mapping[str, str]) -> JobContext:
+    """What the goodput rule knows of a job, from its service state."""
+
+    def num(key: str) -> float | None:
+        return number(job_state.get(key))
+
+    return JobContext(
+        evictions=int(job_state.get("evictions", "0") or 0),
+        last_eviction_ts=num("last_eviction_ts"),
+        last_checkpoint_ts=num("last_checkpoint_ts"),
+        reports_checkpoints=job_state.get("reports_checkpoints") == "1"
+        and not (
+            num("wait_expired_ts") is not None
+            and (num("last_checkpoint_ts") or 0.0) <= (num("wait_expired_ts") or 0.0)
+        ),
+        checkpoint_period_s=num("checkpoint_period_s"),
+        waiting_since=num("waiting_since"),
+    )
+
+
 def number(text: str | None) -> float | None:
     """A number the service wrote into a record, or None when missing or unreadable."""
     try:
-        return float(text) if text not in (None, "", "None") else None
+        value = float(text) if text not in (None, "", "None") else None
     except ValueError:
         return None
+    return value if value is None or math.isfinite(value) else None  # a NaN is no number
 
 
 def rounded(value: float | None, digits: int = 1) -> float | None:

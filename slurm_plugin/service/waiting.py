@@ -5,17 +5,14 @@ burst that is already over never costs a requeue."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
 
-from slurm_plugin.detection import StragglerEvent
-from slurm_plugin.detection.recheck import recent_slowdown_pct
+from slurm_plugin.detection import Detector, StragglerEvent
 from slurm_plugin.model.cluster import JobInfo
-from slurm_plugin.model.records import StepRecord
 from slurm_plugin.policy.schema import Policy
-from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)
 
@@ -25,19 +22,25 @@ RECOVERED_BELOW = 0.5
 
 Candidate = tuple[str, list[int]]
 
+#: The re-check's answer when the detector holds no recent step of the node: decide again.
+UNKNOWN = "not sure yet: no recent steps of the node to re-check; decided again next cycle"
+
 
 class Recheck:
-    """The re-check on the job's newest steps (its own nodes and current attempt only)."""
+    """The re-check from each job's detector: the rows it holds of the job's current attempt
+    (detection/recheck.py), so it costs no Redis read and stays cheap at any world size."""
 
-    def __init__(self, store: TelemetryStore) -> None:
-        self.store = store
+    def __init__(self, detector_of: Callable[[str], Detector | None]) -> None:
+        self.detector_of = detector_of
 
-    def _records(self, job: JobInfo) -> list[StepRecord]:
-        return [
-            r
-            for r in self.store.latest_steps(job.job_id)
-            if r.node in job.nodes and r.attempt == job.restarts
-        ]
+    def slowdown_pct(
+        self, job: JobInfo, node: str, ranks: Sequence[int] = (), since_step: int | None = None
+    ) -> float | None:
+        """``node``'s recent slowdown in the job, or None when it is unknown."""
+        detector = self.detector_of(job.job_id)
+        if detector is None:
+            return None
+        return detector.recent_slowdown_pct(job.job_id, node, ranks, since_step)
 
     def recovered(
         self,
@@ -47,13 +50,14 @@ class Recheck:
         ranks: Sequence[int] = (),
         since_step: int | None = None,
     ) -> str | None:
-        """Why ``node`` no longer needs evicting (its straggling ``ranks`` are, in the newest
-        steps, less than half the policy's minimum slower than the other nodes' ranks, or
-        show nothing), or None when it is still slow. Half, not the minimum itself: the
-        re-check is a robust median over few steps and the detection a mean over the shift,
-        so a node slowed by about the minimum would flip between the two; a burst that is
-        over shows ~0 %. Only steps from ``since_step`` (where the node was flagged) count."""
-        slowdown = recent_slowdown_pct(self._records(job), node, ranks, since_step=since_step)
+        """Why ``node`` is not to be evicted now: :data:`UNKNOWN` (nothing of it since
+        ``since_step``, where it was flagged: decide again later, never "recovered"), or
+        recovered (its straggling ``ranks`` are less than half the policy's minimum slower
+        than the job's median rank); None when it is still slow. Half, not the minimum itself:
+        the re-check is a robust median over few steps and the detection a mean over the
+        shift, so a node slowed by about the minimum would flip between the two; a burst that
+        is over shows ~0 %."""
+        slowdown = self.slowdown_pct(job, node, ranks, since_step)
         release = policy.detection.min_slowdown_pct * RECOVERED_BELOW
         log.info(
             "service.recheck",
@@ -63,7 +67,7 @@ class Recheck:
             recovered_below_pct=release,
         )
         if slowdown is None:
-            return f"recovered, not evicted: no recent steps of {node} to confirm the slowdown"
+            return UNKNOWN
         if slowdown < release:
             return (
                 f"recovered, not evicted: {node} is {slowdown:+.1f}% over its peers in the "
@@ -76,12 +80,9 @@ class Recheck:
     ) -> Candidate:
         """Of the flagged nodes (never empty), the one slowest in the newest steps from
         ``since_step`` on (the first when none shows any)."""
-        records = self._records(job)
         return max(
             candidates,
-            key=lambda c: (
-                recent_slowdown_pct(records, c[0], c[1], since_step=since_step) or float("-inf")
-            ),
+            key=lambda c: self.slowdown_pct(job, c[0], c[1], since_step) or float("-inf"),
         )
 
 
