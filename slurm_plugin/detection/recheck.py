@@ -67,10 +67,10 @@ def tail_slowdown_pct(
     at any world size (a few rows of the ranks in question). None when no such row shows
     them: unknown, which is never "recovered"."""
     cols = np.intersect1d(on_node, np.asarray(list(ranks), dtype=np.int64)) if ranks else on_node
-    rows = np.ones(len(numbers), dtype=bool) if since_step is None else numbers >= since_step
-    if not len(cols) or not rows.any():
+    rows = np.arange(len(numbers)) if since_step is None else np.flatnonzero(numbers >= since_step)
+    if not len(cols) or not len(rows):
         return None
-    picked = excess[rows][-steps:][:, cols]
+    picked = excess[np.ix_(rows[-steps:], cols)]  # only those cells: no copy of whole rows
     shown = np.isfinite(picked).any(axis=1)
     if not shown.any():
         return None
