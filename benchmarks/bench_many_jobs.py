@@ -1,0 +1,145 @@
+"""Service cycle time with many concurrent jobs: N jobs of 8 ranks at 1 step/s (default 2,000).
+
+The real Service, its state and telemetry store on a real Redis; Slurm is
+``slurm_plugin.testing.FakeScheduler`` (2,000 jobs cannot run on this machine). Each cycle
+every rank publishes the steps of one interval (2 s) as it would, then one cycle runs; the
+cycle's own duration is measured (publishing is the ranks' work, not the service's). Run
+against an empty Redis database (it refuses any other):
+``STRAGGLER_REDIS_URL=redis://127.0.0.1:16379/13 python -m benchmarks.bench_many_jobs``.
+At the end it deletes the keys it wrote (the database was empty before), never anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import redis
+
+from benchmarks._common import machine, redis_url, table
+from slurm_plugin.config import Settings
+from slurm_plugin.model import keys
+from slurm_plugin.model.cluster import JobInfo, NodeInfo
+from slurm_plugin.model.records import encode_steps
+from slurm_plugin.service.loop import Service
+from slurm_plugin.service.state import ServiceState
+from slurm_plugin.telemetry.store import TelemetryStore, connect
+from slurm_plugin.testing import FakeScheduler
+
+RANKS_PER_JOB, NODES_PER_JOB, INTERVAL_S = 8, 1, 2.0
+
+
+def jobs_and_nodes(count: int, now: float) -> tuple[list[JobInfo], list[NodeInfo]]:
+    """``count`` running jobs of one 8-GPU node each, under the observe policy."""
+    jobs, nodes = [], []
+    for i in range(count):
+        node = f"gpu{i:05d}"
+        nodes.append(NodeInfo(node, "allocated", (), "", ("gpu",)))
+        jobs.append(
+            JobInfo(
+                job_id=str(100_000 + i),
+                name="bench",
+                state="RUNNING",
+                reason="None",
+                nodes=(node,),
+                excluded=(),
+                restarts=0,
+                requeue=True,
+                comment="straggler:policy=observe",
+                admin_comment="",
+                partition="gpu",
+                node_count=NODES_PER_JOB,
+                user="bench",
+                time_limit_s=4 * 3600.0,
+                start_time=now - 60,
+                priority=1,
+                submit_time=now - 120,
+            )
+        )
+    return jobs, nodes
+
+
+def publish(store: TelemetryStore, jobs: list[JobInfo], first_step: int, t0: float) -> int:
+    """One interval of steps for every rank of every job (one entry per rank and second, as
+    reporters flushing every second write); returns the records written."""
+    pipe = store.client.pipeline(transaction=False)
+    written = 0
+    for job in jobs:
+        for rank in range(RANKS_PER_JOB):
+            for second in range(int(INTERVAL_S)):
+                step = first_step + second
+                compute = 0.7 * (1 + 0.01 * ((rank * 7 + step * 13) % 11 - 5) / 5)
+                raws = [(step, t0 + step, 1.0, compute, 0.2, 0.1)]
+                fields = encode_steps(rank, job.nodes[0], rank, 0, raws)
+                pipe.xadd(keys.job_steps(job.job_id), fields, maxlen=1000, approximate=True)
+                written += 1
+    pipe.execute()
+    return written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, nargs="+", default=[200, 2000])
+    parser.add_argument("--cycles", type=int, default=30)
+    args = parser.parse_args()
+    url = redis_url()
+    client = redis.Redis.from_url(url)
+    if client.dbsize():
+        raise SystemExit(
+            f"the Redis database of STRAGGLER_REDIS_URL ({url}) is not empty; point it at an "
+            "empty one (the benchmark runs a service there and deletes what it wrote)"
+        )
+    rows = []
+    try:
+        for count in args.jobs:
+            rows.append(run(url, count, args.cycles))
+            for key in client.scan_iter(count=1000):  # all ours: the database was empty
+                client.delete(key)
+    finally:
+        for key in client.scan_iter(count=1000):
+            client.delete(key)
+    print(f"machine: {machine()}")
+    print(
+        table(
+            ["jobs x ranks", "records per cycle", "cycle p50", "cycle p95", "cycle max"],
+            rows,
+        )
+    )
+
+
+def run(url: str, count: int, cycles: int) -> list[object]:
+    now = time.time()
+    jobs, nodes = jobs_and_nodes(count, now)
+    store = TelemetryStore(connect(url))
+    settings = Settings(
+        redis_url=url,
+        policy_dir=Path(__file__).resolve().parents[1] / "policies",
+        service_interval_s=INTERVAL_S,
+    )
+    service = Service(
+        settings, FakeScheduler(jobs, nodes), ServiceState(connect(url, decode=True)), store
+    )
+    durations, records = [], []
+    for cycle in range(cycles):
+        publish(store, jobs, cycle * int(INTERVAL_S), now)
+        report = service.cycle()
+        if report.error:
+            raise SystemExit(f"cycle failed: {report.error}")
+        if cycle >= 3:  # the first cycles register every job: measured from the fourth on
+            durations.append(report.duration_s)
+            records.append(report.records)
+    durations.sort()
+    p95 = durations[min(len(durations) - 1, round(0.95 * (len(durations) - 1)))]
+    return [
+        f"{count:,} x {RANKS_PER_JOB}",
+        f"{statistics.median(records):,.0f}",
+        f"{statistics.median(durations) * 1000:.0f} ms",
+        f"{p95 * 1000:.0f} ms",
+        f"{durations[-1] * 1000:.0f} ms",
+    ]
+
+
+if __name__ == "__main__":
+    main()
