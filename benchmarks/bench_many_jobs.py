@@ -15,6 +15,7 @@ import argparse
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -72,7 +73,7 @@ def publish(store: TelemetryStore, jobs: list[JobInfo], first_step: int, t0: flo
                 step = first_step + second
                 compute = 0.7 * (1 + 0.01 * ((rank * 7 + step * 13) % 11 - 5) / 5)
                 raws = [(step, t0 + step, 1.0, compute, 0.2, 0.1)]
-                fields = encode_steps(rank, job.nodes[0], rank, 0, raws)
+                fields: dict[Any, Any] = encode_steps(rank, job.nodes[0], rank, 0, raws)
                 pipe.xadd(keys.job_steps(job.job_id), fields, maxlen=1000, approximate=True)
                 written += 1
     pipe.execute()

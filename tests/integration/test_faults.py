@@ -432,17 +432,20 @@ def test_slurmctld_stopped_for_30_seconds_forgets_and_revokes_nothing(
     cluster: DevCluster,
     slurm: Slurm,
     job_dir: Path,
-    state: ServiceState,
     services: Services,
     faults: Faults,
     tmp_path: Path,
+    private_redis: RedisServer,
 ) -> None:
     """Issue 18 item 2 on the real cluster: slurmctld is stopped (SIGTERM) for 30 s while a job
     runs, with job credentials on. Every cycle of the outage fails as "Slurm unknown"; the
     job's credential and the service's state for it stay, the CLI says Slurm is unreachable on
-    one line, and once slurmctld is back the service leads again and still knows the job."""
+    one line, and once slurmctld is back the service leads again and still knows the job.
+    Job credentials need database 0: a Redis of the test's own."""
     faults.arm("no-such-command", "after", "true")
-    services.env = {**services.env, "STRAGGLER_JOB_CREDENTIALS": "true"}
+    url = private_redis.url
+    services.env = {**services.env, "STRAGGLER_JOB_CREDENTIALS": "true", "STRAGGLER_REDIS_URL": url}
+    state = build(load_settings(redis_url=url))[1]
     service = services.start()
     job = _submit(slurm, job_dir, "observe")  # observe: detection happens, nothing acts
     slurm.wait_job(job, "RUNNING")

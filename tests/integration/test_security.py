@@ -371,10 +371,11 @@ def test_forged_events_never_break_a_cycle(
 
 
 def test_service_revokes_credentials_of_vanished_jobs(
-    slurm: Slurm, job_dir: Path, env: dict[str, str]
+    slurm: Slurm, job_dir: Path, env: dict[str, str], private_redis: RedisServer
 ) -> None:
     """An epilog that never ran (node crash) leaves an ACL user behind; the service revokes
-    credentials whose job Slurm no longer lists, and keeps those of live jobs."""
+    credentials whose job Slurm no longer lists, and keeps those of live jobs (job credentials
+    need database 0: a Redis of the test's own)."""
     from slurm_plugin.config import load_settings  # noqa: PLC0415
     from slurm_plugin.service.factory import build  # noqa: PLC0415
     from slurm_plugin.service.loop import Service  # noqa: PLC0415
@@ -382,11 +383,11 @@ def test_service_revokes_credentials_of_vanished_jobs(
 
     job = _submit(slurm, job_dir, "observe", seconds=60)
     slurm.wait_job(job, "RUNNING")
-    admin = connect(env["STRAGGLER_REDIS_URL"], decode=True)
+    admin = connect(private_redis.url, decode=True)
     assert isinstance(admin, redis.Redis)
     credentials.issue(admin, job)
     credentials.issue(admin, "999999")
-    settings = load_settings(job_credentials=True)
+    settings = load_settings(job_credentials=True, redis_url=private_redis.url)
     try:
         report = Service(settings, *build(settings)).cycle()
         assert report.error is None, report.error
