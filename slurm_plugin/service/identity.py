@@ -118,8 +118,10 @@ class Identities:
         (their old state is gone: the caller drops what it keeps in memory for them)."""
         reused = []
         self.tokens = {}
-        for job in jobs:
-            kept = self.state.job(job.job_id)
+        listed = list(jobs)
+        states = self.state.jobs([job.job_id for job in listed])  # one round trip for all
+        for job in listed:
+            kept = states[job.job_id]
             known = Known.of(kept)
             if known is not None and not same_job(known, job):
                 self._forget(job, kept)

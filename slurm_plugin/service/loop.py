@@ -26,6 +26,7 @@ from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy.decide import ClusterContext, JobContext, decide, is_slowdown
 from slurm_plugin.policy.history import other_jobs
 from slurm_plugin.policy.schema import Policy
+from slurm_plugin.policy.verdict import UNKNOWN, Facts, final
 from slurm_plugin.service.evidence import gather_evidence
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.fence import FencedScheduler
@@ -36,7 +37,7 @@ from slurm_plugin.service.node_rails import NodeRails
 from slurm_plugin.service.policies import PolicySet
 from slurm_plugin.service.record import decision_record, job_context, number
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.service.waiting import UNKNOWN, Recheck, candidates, with_candidate
+from slurm_plugin.service.waiting import Recheck, candidates, with_candidate
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.scheduler import Scheduler
 from slurm_plugin.telemetry.store import TelemetryStore
@@ -287,13 +288,21 @@ class Service:
         ctx = replace(self._context(job), node_incidents=past)
         decision = decide(event, job, policy, ctx, self._cluster(nodes, now), now)
         record = {**base, **decision_record(event, decision, evidence, reported, past)}
+        evicting = decision.action == "evict" and self._evicting(job.job_id)
+        recheck = (
+            self._recheck.recovered(job, event.node, policy, event.ranks, since_step=event.step)
+            if decision.action == "evict" and not evicting
+            else None
+        )
+        decision, settled = final(decision, Facts(evicting=evicting, recheck=recheck))
+        record.update(settled)
         mark = marks.reason(
             f"{event.cause} {event.node}",
             f"+{event.slowdown_pct:.1f}% {decision.action}",
             decision_id,
             self.executor.deployment or "",
         )
-        log.info(
+        log.info(  # once, the final verdict
             "service.decision",
             decision_id=decision_id,
             job_id=job.job_id,
@@ -301,18 +310,6 @@ class Service:
             action=decision.action,
             reasons=decision.reasons,
         )
-        if decision.action == "evict" and self._evicting(job.job_id):
-            decision = replace(decision, action="none", reasons=["an eviction is in progress"])
-        if decision.action == "evict":
-            recovered = self._recheck.recovered(
-                job, event.node, policy, event.ranks, since_step=event.step
-            )
-            if recovered == UNKNOWN:  # not "recovered": waits one cycle and decides again
-                decision = replace(decision, action="wait", reasons=[recovered])
-                record.update(decision="wait", reasons=decision.reasons, waiting_for="recheck")
-            elif recovered:
-                decision = replace(decision, action="none", reasons=[recovered])
-                record.update(decision="none", reasons=decision.reasons)
         if decision.action == "evict":
             self._close_waiting(job, f"superseded by {decision_id}")
             self._annotate(job, mark, policy)

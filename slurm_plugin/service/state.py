@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, cast
 
@@ -179,6 +179,13 @@ class ServiceState:
     def job(self, job_id: str) -> dict[str, str]:
         """The service's state for a job (cursors, evictions...)."""
         return cast("dict[str, str]", self.client.hgetall(keys.job_service(job_id)))
+
+    def jobs(self, job_ids: Sequence[str]) -> dict[str, dict[str, str]]:
+        """The service's state for many jobs, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hgetall(keys.job_service(job_id))
+        return dict(zip(job_ids, cast("list[dict[str, str]]", pipe.execute()), strict=True))
 
     def update_job(self, job_id: str, **fields: Any) -> None:
         """Merge fields into the job's service state."""

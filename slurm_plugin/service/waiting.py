@@ -13,6 +13,7 @@ import structlog
 from slurm_plugin.detection import Detector, StragglerEvent
 from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.policy.schema import Policy
+from slurm_plugin.policy.verdict import UNKNOWN
 
 log = structlog.get_logger(__name__)
 
@@ -21,9 +22,6 @@ log = structlog.get_logger(__name__)
 RECOVERED_BELOW = 0.5
 
 Candidate = tuple[str, list[int]]
-
-#: The re-check's answer when the detector holds no recent step of the node: decide again.
-UNKNOWN = "not sure yet: no recent steps of the node to re-check; decided again next cycle"
 
 
 class Recheck:

@@ -13,7 +13,8 @@ import pytest
 
 from slurm_plugin.detection.recheck import tail_slowdown_pct
 from slurm_plugin.model.cluster import NodeInfo
-from slurm_plugin.service.waiting import UNKNOWN, Recheck
+from slurm_plugin.policy.verdict import UNKNOWN
+from slurm_plugin.service.waiting import Recheck
 from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.test_control_loop import Loop, make_loop, publish, running_job
 

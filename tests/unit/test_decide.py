@@ -367,3 +367,22 @@ def test_the_age_at_which_a_slowdown_is_believed_is_where_the_outlook_says_so(
     assert aged.sure_in_s == pytest.approx(0.0, abs=1e-6)
     if incidents == 0:
         assert young.sure_in_s == pytest.approx(825.0)
+
+
+def test_the_final_verdict_is_decided_once_with_the_facts() -> None:
+    """Issue 25: the service logged `evict` before overrides that cancelled it, and the
+    "already evicting" branch saved decision=evict with action=none. One pure step now."""
+    from slurm_plugin.policy.decide import Decision  # noqa: PLC0415
+    from slurm_plugin.policy.verdict import UNKNOWN, Facts, final  # noqa: PLC0415
+
+    evict = Decision("evict", "node3", ["goodput: saves 900 s, costs 200 s"])
+    assert final(evict, Facts()) == (evict, {})
+    busy, record = final(evict, Facts(evicting=True))
+    assert (busy.action, record["decision"]) == ("none", "none")
+    assert record["reasons"] == ["an eviction is in progress"]
+    recovered, record = final(evict, Facts(recheck="recovered, not evicted: node3 is +0.2%"))
+    assert (recovered.action, record["decision"]) == ("none", "none")
+    unsure, record = final(evict, Facts(recheck=UNKNOWN))
+    assert (unsure.action, record["waiting_for"]) == ("wait", "recheck")  # never "recovered"
+    annotate = Decision("annotate", "node3", ["below the minimum"])
+    assert final(annotate, Facts(evicting=True, recheck=UNKNOWN)) == (annotate, {})
