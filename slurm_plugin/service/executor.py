@@ -141,6 +141,7 @@ class Executor:
         self.state.save_decision(
             decision_id, {"state": "released", "released_at": f"{released_at:.3f}"}
         )
+        self._mark_released(job_id, decision_id)
         if error:
             self.state.save_decision(decision_id, {"state": "failed", "error": error})
             return "failed"
@@ -343,6 +344,19 @@ class Executor:
             self.state.save_decision(decision_id, {"state": "verified", "verified": job.state})
             return True
         return self._release_and_check(decision_id, job_id)
+
+    def _mark_released(self, job_id: str, decision_id: str) -> None:
+        """Our eviction mark on the job becomes "evicted": a later hold of the job (its user's,
+        an admin's) is then never taken for one of ours that Redis forgot (release_orphans)."""
+        try:
+            job = self.slurm.job(job_id)
+            own = job.admin_comment
+            if f" evict [{decision_id}" in own:
+                self.slurm.annotate(
+                    job_id, own.replace(f" evict [{decision_id}", f" evicted [{decision_id}")
+                )
+        except SlurmError as exc:  # the release stands; only a forgetful Redis would need it
+            log.warning("executor.mark_not_updated", job_id=job_id, error=str(exc))
 
     # -- marks ------------------------------------------------------------------------------------
     def annotate(self, job: JobInfo, text: str) -> None:

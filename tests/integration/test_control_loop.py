@@ -150,7 +150,13 @@ def test_the_loop_evicts_a_real_straggler(make_loop: Callable[..., Loop]) -> Non
         clock.advance(1)
         if slurm.changes:
             break
-    assert [c[0] for c in slurm.changes] == ["annotate", "requeue_hold", "set_excluded", "release"]
+    assert [c[0] for c in slurm.changes] == [
+        "annotate",
+        "requeue_hold",
+        "set_excluded",
+        "release",
+        "annotate",
+    ]  # the mark: evicted
     job = slurm.job_table["5"]
     assert (job.excluded, job.restarts, "node3" in job.nodes) == (("node3",), 1, False)
     (decision,) = loop.state.job_decisions("5")
@@ -206,7 +212,7 @@ def test_two_instances_never_both_act(make_loop: Callable[..., Loop], tmp_path: 
     worker.join(timeout=10)
     assert not worker.is_alive()
     assert [name for _, name in slow_a.stamps] == ["annotate", "requeue_hold"]
-    assert [name for _, name in b_slurm.stamps] == ["set_excluded", "release"]
+    assert [name for _, name in b_slurm.stamps] == ["set_excluded", "release", "annotate"]
     last_of_a = max(t for t, _ in slow_a.stamps)
     assert last_of_a < min(t for t, _ in b_slurm.stamps)
     assert "not the leader" in (reports[-1].error or "")
@@ -258,7 +264,13 @@ def test_one_waiting_decision_and_max_wait_is_honoured(make_loop: Callable[..., 
     ), decision
     assert all(d["state"] == "recorded" for d in decisions if d is not decision), decisions
     # Our mark (with the decision id) goes on the job before it is held.
-    assert [c[0] for c in slurm.changes] == ["annotate", "requeue_hold", "set_excluded", "release"]
+    assert [c[0] for c in slurm.changes] == [
+        "annotate",
+        "requeue_hold",
+        "set_excluded",
+        "release",
+        "annotate",
+    ]
     assert decision["id"] in slurm.changes[0][2]
     assert loop.state.job("5")["evictions"] == "1"
     assert loop.state.open_decisions() == []
@@ -508,7 +520,7 @@ def test_a_straggler_found_during_a_pause_is_acted_on_after_it(
     (done,) = loop.state.job_decisions("5")
     assert (done["state"], done["after"]) == ("verified", "resume")
     changes = [c[0] for c in slurm.changes][1:]
-    assert changes == ["annotate", "requeue_hold", "set_excluded", "release"]
+    assert changes == ["annotate", "requeue_hold", "set_excluded", "release", "annotate"]
 
 
 @pytest.mark.parametrize(("cluster_policy", "job_policy", "dry_run"), [

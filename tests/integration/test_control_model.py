@@ -4,7 +4,8 @@ Executor, two instances over one real redis-server, against a fake Slurm that ca
 that crashes right after any Slurm call lands. After every step the invariants hold:
 
 - no Slurm action on a job but for an open decision made for that very job (its incarnation:
-  the user Slurm shows; each incarnation here has its own user);
+  the user Slurm shows; each incarnation here has its own user), and never a release of a
+  hold that is not ours (a user's);
 - evictions per incarnation <= the policy's max_requeues; no more than the hourly budget;
 - and once faults stop, within a bounded number of cycles: no job left held by us, no open
   decision for a job Slurm no longer lists, every verified eviction as Slurm shows it.
@@ -87,6 +88,9 @@ class ModelSlurm(FakeScheduler):
 
     def _change(self, name: str, job_id: str, real: Any) -> None:
         self._check_decided(name, job_id)
+        job = self.job_table.get(job_id)
+        if name == "release" and job is not None and job.held and job.user not in self.ours_held:
+            self.violations.append(f"released a hold that is not ours: {job}")
         SEEN[name] = SEEN.get(name, 0) + 1
         fault = self.fault if self.fault and self.fault[0] == name else None
         if fault is not None:

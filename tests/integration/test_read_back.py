@@ -218,3 +218,22 @@ def test_a_waiting_decision_closes_when_its_job_ends(make_loop: Callable[..., Lo
     closed = loop.state.decision("d-00000000cafe")
     assert closed["state"] == "abandoned"
     assert "stopped running" in closed["error"]
+
+
+def test_a_users_hold_after_our_eviction_is_never_released(
+    setup: tuple[Executor, Flaky, ServiceState, FakeClock],
+) -> None:
+    """Found by the model test: after our eviction, Redis forgot it, then the job's user held
+    the job; our eviction mark was still on it and the hold was released as our orphan. The
+    mark now says "evicted" once we released the job, and such a hold stays."""
+    executor, slurm, state, clock = setup
+    job = replace(running_job(clock, "43"), submit_time=clock() - 100)
+    slurm.job_table["43"] = job
+    slurm.annotate("43", marks.reason("compute node3", "+40.0% evict", "d-00000000beef", "aaaa"))
+    assert executor.evict("d-00000000beef", slurm.job_table["43"], "node3") == "verified"
+    assert " evicted [d-00000000beef@aaaa]" in slurm.job_table["43"].admin_comment
+    state.client.flushdb()  # Redis restarted without persistence
+    held = replace(slurm.job_table["43"], state="PENDING", reason="JobHeldUser", priority=0)
+    slurm.job_table["43"] = held  # the user's `scontrol hold`
+    assert executor.release_orphans([held]) == []
+    assert slurm.job_table["43"].held
