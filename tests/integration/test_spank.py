@@ -94,7 +94,7 @@ def test_options_are_registered_and_bound_the_service(
         "--chdir",
         str(REPO),
         "--wrap",
-        f"srun {sys.executable} -m tests.integration._fake_rank 300 node3,node2 1.2",
+        f"srun {sys.executable} -m tests.integration._fake_rank 300 node3,node2 1.5",
     )
     slurm.wait_job(job, "RUNNING")
     meta = state.job_meta(job)
