@@ -23,6 +23,7 @@ from slurm_plugin.errors import CommandTimeoutError, JobNotFoundError, SlurmErro
 from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.service.identity import Known, describe, fields_of, same_job
 from slurm_plugin.service.node_actions import NodeActions
+from slurm_plugin.service.record import number_or
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.scheduler import Scheduler
@@ -119,8 +120,10 @@ class Executor:
     ) -> str:
         """From 'held' on: exclude (merging old exclusions), release, verify."""
         error = None
+        comment = None
         try:
             current = self.slurm.job(job_id)
+            comment = current.admin_comment
             excluded = sorted({*current.excluded, node})
             if node not in current.excluded:
                 self.slurm.set_excluded(job_id, excluded)
@@ -141,7 +144,7 @@ class Executor:
         self.state.save_decision(
             decision_id, {"state": "released", "released_at": f"{released_at:.3f}"}
         )
-        self._mark_released(job_id, decision_id)
+        self._mark_released(job_id, decision_id, comment)
         if error:
             self.state.save_decision(decision_id, {"state": "failed", "error": error})
             return "failed"
@@ -225,24 +228,12 @@ class Executor:
                 return True
             self.state.save_decision(decision_id, {"error": f"recover: {exc}"})  # next cycle
             return False
-        known = Known.of(rec, prefix="job_")
-        if known is not None and not same_job(known, job):
-            # Slurm gave the id to another job (controller reinstalled, MaxJobId wrapped):
-            # whatever the old job's eviction left undone, this job is never touched.
-            self.state.save_decision(
-                decision_id,
-                {
-                    "state": "abandoned",
-                    "error": f"job id {job_id} is now another job ({describe(job)}): "
-                    "nothing done to it",
-                },
-            )
-            log.warning("executor.job_id_reused", decision_id=decision_id, job_id=job_id)
+        if self._abandoned_as_another_job(rec, job):
             return True
         now = self.clock()
         if state == "planned" and not (job.held and job.restarts > before):
             # An scontrol started before a crash or timeout may still land: wait a while.
-            if now - _float(rec.get("planned_at"), now) < self.unknown_grace_s:
+            if now - number_or(rec.get("planned_at"), now) < self.unknown_grace_s:
                 return False
             # requeuehold never happened: nothing to undo; detection will speak again.
             self.state.save_decision(
@@ -251,7 +242,7 @@ class Executor:
             )
             self.state.uncount_eviction(job_id)
         elif state == "released":
-            self._verify(decision_id, job_id, node, before, _float(rec.get("released_at"), now))
+            self._verify(decision_id, job_id, node, before, number_or(rec.get("released_at"), now))
         else:  # planned (held by us), held or excluded
             if state == "planned":  # our requeuehold landed after all: held from now on
                 held_at = now
@@ -259,7 +250,7 @@ class Executor:
                     decision_id, {"state": "held", "held_at": f"{now:.3f}", "recovered": "yes"}
                 )
             else:
-                held_at = _float(rec.get("held_at"), now)
+                held_at = number_or(rec.get("held_at"), now)
             self._finish(decision_id, job_id, node, before, held_at)
         return True
 
@@ -309,6 +300,24 @@ class Executor:
             released.append(job.job_id)
         return released
 
+    def _abandoned_as_another_job(self, rec: dict[str, str], job: JobInfo) -> bool:
+        """True (and the decision abandoned) when Slurm gave the decision's job id to another
+        job (controller reinstalled, MaxJobId wrapped): whatever the old job's action left
+        undone, this job is never touched."""
+        known = Known.of(rec, prefix="job_")
+        if known is None or same_job(known, job):
+            return False
+        self.state.save_decision(
+            rec["id"],
+            {
+                "state": "abandoned",
+                "error": f"job id {job.job_id} is now another job ({describe(job)}): "
+                "nothing done to it",
+            },
+        )
+        log.warning("executor.job_id_reused", decision_id=rec["id"], job_id=job.job_id)
+        return True
+
     def _release_and_check(self, decision_id: str, job_id: str) -> bool:
         """Release, then read back: True once Slurm shows the job not held."""
         try:
@@ -333,24 +342,19 @@ class Executor:
         except SlurmError as exc:
             self.state.save_decision(decision_id, {"error": f"recover: {exc}"})
             return False
-        known = Known.of(rec, prefix="job_")
-        if known is not None and not same_job(known, job):
-            self.state.save_decision(
-                decision_id,
-                {"state": "abandoned", "error": f"job id {job_id} is now another job"},
-            )
+        if self._abandoned_as_another_job(rec, job):
             return True
         if not job.held:
             self.state.save_decision(decision_id, {"state": "verified", "verified": job.state})
             return True
         return self._release_and_check(decision_id, job_id)
 
-    def _mark_released(self, job_id: str, decision_id: str) -> None:
+    def _mark_released(self, job_id: str, decision_id: str, comment: str | None) -> None:
         """Our eviction mark on the job becomes "evicted": a later hold of the job (its user's,
-        an admin's) is then never taken for one of ours that Redis forgot (release_orphans)."""
+        an admin's) is then never taken for one of ours that Redis forgot (release_orphans).
+        ``comment``: the job's AdminComment as read before the release (None: read it)."""
         try:
-            job = self.slurm.job(job_id)
-            own = job.admin_comment
+            own = self.slurm.job(job_id).admin_comment if comment is None else comment
             if f" evict [{decision_id}" in own:
                 self.slurm.annotate(
                     job_id, own.replace(f" evict [{decision_id}", f" evicted [{decision_id}")
@@ -397,10 +401,3 @@ def _landed_late(decision_id: str, decision: dict[str, str], job: JobInfo) -> st
 
 def _timed_out(exc: SlurmError) -> bool:
     return isinstance(exc.__cause__, CommandTimeoutError)
-
-
-def _float(text: str | None, default: float) -> float:
-    try:
-        return float(text) if text else default
-    except ValueError:
-        return default

@@ -24,6 +24,7 @@ import structlog
 from slurm_plugin.model import keys
 from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.service.state import OPEN_STATES, ServiceState
+from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)
 
@@ -109,8 +110,9 @@ class Identities:
     """Each cycle, the jobs Slurm lists checked against what the service keeps under their
     ids; the state of an earlier job with the same id is closed and forgotten, never used."""
 
-    def __init__(self, state: ServiceState) -> None:
+    def __init__(self, state: ServiceState, store: TelemetryStore) -> None:
         self.state = state
+        self.store = store
         self.tokens: dict[str, str] = {}
 
     def check(self, jobs: Iterable[JobInfo]) -> list[str]:
@@ -153,10 +155,13 @@ class Identities:
         self.state.forget_job(job.job_id)
         # Entries Redis kept from the old job (a stream that outlived it) are skipped: the
         # cursors start at the streams' ends now (the new job's first seconds may go too).
-        steps, added = self.state.stream_end(keys.job_steps(job.job_id))
-        events, _ = self.state.stream_end(keys.job_events(job.job_id))
+        steps = self.store.steps_mark(job.job_id)
+        events = self.store.stream_mark(keys.job_events(job.job_id))
         self.state.update_job(
-            job.job_id, steps_cursor=steps, steps_read=str(added), events_cursor=events
+            job.job_id,
+            steps_cursor=steps.last_id if steps else "0-0",
+            steps_read=str(steps.added if steps else 0),
+            events_cursor=events.last_id if events else "0-0",
         )
         log.warning(
             "service.job_id_reused",

@@ -19,6 +19,7 @@ import structlog
 
 from slurm_plugin.errors import CommandTimeoutError, SlurmError
 from slurm_plugin.model.cluster import NodeInfo
+from slurm_plugin.service.record import number_or
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.scheduler import Scheduler
@@ -83,7 +84,9 @@ class NodeActions:
     def recover(self, rec: Mapping[str, str]) -> str:
         """Finish an open drain or resume from what Slurm shows now."""
         decision_id, action, node = rec["id"], rec.get("action", ""), rec.get("node", "")
-        return self._check(decision_id, action, node, _float(rec.get("planned_at"), self.clock()))
+        return self._check(
+            decision_id, action, node, number_or(rec.get("planned_at"), self.clock())
+        )
 
     def _act(self, decision_id: str, action: str, node: str, call: Callable[[], None]) -> str:
         planned_at = self.clock()
@@ -139,10 +142,3 @@ def _unanswered(exc: SlurmError) -> bool:
 
 def _shown(info: NodeInfo) -> str:
     return f"state={info.state} flags={','.join(info.flags)} reason={info.reason!r}"
-
-
-def _float(text: str | None, default: float) -> float:
-    try:
-        return float(text) if text else default
-    except ValueError:
-        return default

@@ -71,6 +71,14 @@ def number(text: str | None) -> float | None:
     return value if value is None or math.isfinite(value) else None  # a NaN is no number
 
 
+def number_or(text: str | None, default: float) -> float:
+    """A time the service wrote into a record (``planned_at``...), or ``default``."""
+    try:
+        return float(text) if text else default
+    except ValueError:
+        return default
+
+
 def rounded(value: float | None, digits: int = 1) -> float | None:
     """``value`` rounded for a record (None stays None: the field is left out)."""
     return None if value is None else round(value, digits)

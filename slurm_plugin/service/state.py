@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, cast
 
-import redis
 import structlog
 
 from slurm_plugin.errors import ConfigError
@@ -116,7 +115,16 @@ class ServiceState:
     def open_decisions(self) -> list[dict[str, str]]:
         """Decisions that have not reached a final state."""
         ids = sorted(cast("set[str]", self.client.smembers(keys.DECISIONS_OPEN)))
-        return [{"id": i, **self.decision(i)} for i in ids]
+        return self._decisions(ids, keep_empty=True)
+
+    def _decisions(self, ids: list[str], *, keep_empty: bool) -> list[dict[str, str]]:
+        """The decisions ``ids`` with their fields, in one round trip (the service reads the
+        open ones several times a cycle)."""
+        pipe = self.client.pipeline(transaction=False)
+        for decision_id in ids:
+            pipe.hgetall(keys.decision(decision_id))
+        found = zip(ids, cast("list[dict[str, str]]", pipe.execute()), strict=True)
+        return [{"id": i, **fields} for i, fields in found if fields or keep_empty]
 
     def close_waiting(self, running: set[str]) -> list[str]:
         """Close the waiting decisions of jobs that no longer run (``running``: Slurm's
@@ -162,11 +170,7 @@ class ServiceState:
         """A job's decisions with their latest fields (``held_ts``: when the job was requeued),
         ordered by detection time; decisions past their retention are gone."""
         ids = sorted(cast("set[str]", self.client.smembers(keys.job_decisions(job_id))))
-        pipe = self.client.pipeline(transaction=False)
-        for decision_id in ids:
-            pipe.hgetall(keys.decision(decision_id))
-        found = zip(ids, cast("list[dict[str, str]]", pipe.execute()), strict=True)
-        decisions = [{"id": i, **fields} for i, fields in found if fields]
+        decisions = self._decisions(ids, keep_empty=False)
         return sorted(
             decisions, key=lambda d: float(d.get("detected_ts") or d.get("updated_at") or 0)
         )
@@ -199,15 +203,6 @@ class ServiceState:
         """Drop the service's state for a job id (Slurm gave it to another job): counts,
         cooldown, cursors, waiting. Its decisions stay in the audit, their job index too."""
         self.client.delete(keys.job_service(job_id))
-
-    def stream_end(self, key: str) -> tuple[str, int]:
-        """A stream's newest id ("0-0" when there is none) and the entries it was ever given:
-        a cursor, and a read count, that skip it all."""
-        try:
-            info: dict[str, Any] = self.client.xinfo_stream(key)
-        except redis.ResponseError:  # no such stream
-            return "0-0", 0
-        return str(info.get("last-generated-id") or "0-0"), int(info.get("entries-added") or 0)
 
     def uncount_eviction(self, job_id: str) -> None:
         """An eviction counted before acting never happened: give the job its count back."""

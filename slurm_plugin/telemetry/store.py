@@ -263,8 +263,12 @@ class TelemetryStore:
     def steps_mark(self, job_id: str) -> StreamMark | None:
         """The steps stream's newest id and entries ever added; None when it does not exist
         yet or the server does not say (Redis before 7.0)."""
+        return self.stream_mark(keys.job_steps(job_id))
+
+    def stream_mark(self, key: str) -> StreamMark | None:
+        """A stream's newest id and entries ever added (:meth:`steps_mark`, any stream)."""
         try:
-            info = cast("dict[Any, Any]", self.client.xinfo_stream(keys.job_steps(job_id)))
+            info = cast("dict[Any, Any]", self.client.xinfo_stream(key))
         except redis.ResponseError:  # no such key
             return None
         added = info.get("entries-added", info.get(b"entries-added"))
