@@ -12,6 +12,7 @@ from slurm_plugin.config import Settings
 from slurm_plugin.demo.report import render
 from slurm_plugin.demo.run import run_scenario, summarize
 from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.errors import DevClusterError
 
 pytest.importorskip("torch", reason="the torch extra is installed by `make install`")
 
@@ -22,30 +23,37 @@ def test_straggler_is_evicted_and_the_job_resumes_elsewhere(
     """Final NodeList without node3, Restarts=1, resumed from a checkpoint step > 0,
     COMPLETED, detected within 30 steps of the onset."""
     lines: list[str] = []
-    run = run_scenario(
-        Settings(),
-        cluster,
-        tmp_path / "demo",
-        policy="evict",
-        steps=400,  # node3 slow for minutes: the shipped policy evicts after ~2-3 of them
-        slow_at=60,
-        quota_pct=10,
-        redis_db=10,
-        say=lines.append,
-        timeout_s=600,
-    )
+
+    def seen() -> str:
+        """What a failure shows: the run as the demo prints it, and what the service decided."""
+        log_path = tmp_path / "demo" / "service.log"
+        log = log_path.read_text().splitlines() if log_path.exists() else []
+        return "\n".join([*lines[-40:], *(x for x in log if "service.cycle" not in x)][-80:])
+
+    try:
+        run = run_scenario(
+            Settings(),
+            cluster,
+            tmp_path / "demo",
+            policy="evict",
+            steps=400,  # node3 slow for minutes: the shipped policy evicts after ~2-3 of them
+            slow_at=60,
+            quota_pct=10,
+            redis_db=10,
+            say=lines.append,
+            timeout_s=600,
+        )
+    except DevClusterError as exc:
+        pytest.fail(f"{exc}\n{seen()}")
     summary = summarize(run)
-    log = (tmp_path / "demo" / "service.log").read_text().splitlines()
-    # What a failure shows: the run as the demo prints it, and what the service decided.
-    seen = "\n".join([*lines, *(x for x in log if "service.cycle" not in x)][-40:])
-    assert summary["state"] == "COMPLETED", seen
-    assert summary["restarts"] == 1, seen
+    assert summary["state"] == "COMPLETED", seen()
+    assert summary["restarts"] == 1, seen()
     assert "node3" not in summary["final_nodes"]
     assert summary["excluded"] == "node3"
     assert summary["resumed_from_step"] is not None
     assert summary["resumed_from_step"] > 0
     assert summary["detection_delay_steps"] is not None
-    assert 0 <= summary["detection_delay_steps"] <= 30
+    assert 0 <= summary["detection_delay_steps"] <= 30, seen()
     evictions = [d for d in run.decisions if d.get("action") == "evict"]
     assert [d["node"] for d in evictions] == ["node3"]
     assert evictions[0]["state"] == "verified"
