@@ -54,6 +54,8 @@ def test_straggler_is_evicted_and_the_job_resumes_elsewhere(
     assert summary["resumed_from_step"] > 0
     assert summary["detection_delay_steps"] is not None
     assert 0 <= summary["detection_delay_steps"] <= 30, seen()
+    # A flag before the onset (six ranks on two cores lag at times) may be annotated, no more.
+    assert summary["actions_before_onset"] == [], seen()
     evictions = [d for d in run.decisions if d.get("action") == "evict"]
     assert [d["node"] for d in evictions] == ["node3"]
     assert evictions[0]["state"] == "verified"
