@@ -18,7 +18,7 @@ import redis
 from slurm_plugin.config import Settings
 from slurm_plugin.demo.slowdown import CpuQuota
 from slurm_plugin.devcluster import DevCluster
-from slurm_plugin.errors import DevClusterError
+from slurm_plugin.errors import DevClusterError, StragglerError
 from slurm_plugin.model.records import StepRecord
 from slurm_plugin.service.record import number_or
 from slurm_plugin.service.state import ServiceState
@@ -126,6 +126,7 @@ def run_scenario(
             line = (
                 f"[{time.time() - run.started:5.1f}s] {record.get('JobState', '?'):9} "
                 f"nodes={record.get('NodeList', '?'):12} restarts={record.get('Restarts')} "
+                f"reason={record.get('Reason', '?')} "
                 f"step={step:4d}  decision={latest.get('decision', latest.get('action', '-'))}"
                 f" {latest.get('state', '')}"
             )
@@ -136,7 +137,10 @@ def run_scenario(
                 break
             time.sleep(1)
         else:
-            raise DevClusterError(f"demo job {run.job_id} did not finish in {timeout_s:g} s")
+            raise DevClusterError(
+                f"demo job {run.job_id} did not finish in {timeout_s:g} s; the cluster:\n"
+                + _cluster_view(env)
+            )
         _collect(run, env, store, state, work)
     finally:
         if run.job_id and not run.finished:  # interrupted: leave no job behind
@@ -161,6 +165,18 @@ def _collect(
     run.decisions = state.job_decisions(run.job_id)
     run.audit = state.audit(job_id=run.job_id)
     run.output = (work / "job.log").read_text() if (work / "job.log").exists() else ""
+
+
+def _cluster_view(env: dict[str, str]) -> str:
+    """Every job and node as Slurm shows them (what a stuck demo needs explained)."""
+    views = [["squeue", "-a", "-o", "%i %T %R %N %V"], ["sinfo", "-N", "-o", "%N %T %E"]]
+    out = []
+    for argv in views:
+        try:
+            out.append(run_command(argv, timeout_s=15, env=env, check=False).stdout.strip())
+        except StragglerError as exc:  # the view is for the message: never hides the timeout
+            out.append(f"{argv[0]}: {exc}")
+    return "\n".join(out)
 
 
 def _submit(policy: str, work: Path, env: dict[str, str]) -> str:
