@@ -42,9 +42,51 @@ class Decoded:
 
 def decode_entries(entries: Sequence[Mapping[str, str]], keep_errors: int = 5) -> Decoded:
     """Every entry that decodes, as columns; the others are counted (``malformed``)."""
+    decoded, _, refused = _decode(entries)
+    decoded.malformed = len(refused)
+    decoded.errors = [why for _, why in sorted(refused)[:keep_errors]]
+    return decoded
+
+
+def decode_many(
+    groups: Sequence[Sequence[Mapping[str, str]]], keep_errors: int = 5
+) -> list[Decoded]:
+    """:func:`decode_entries` of each group (a job's entries), with one parse for all of them:
+    the service's cycle decodes every running job's new entries at once (a parse costs about a
+    millisecond however few rows it has). Each group's nodes are its own."""
+    flat = [fields for group in groups for fields in group]
+    whole, row_entry, refused = _decode(flat)
+    ends = np.cumsum([len(group) for group in groups])
+    starts = ends - np.asarray([len(group) for group in groups], dtype=np.int64)
+    first_row = np.searchsorted(row_entry, starts, side="left")
+    last_row = np.searchsorted(row_entry, ends, side="left")
+    refused.sort()
+    bad_entry = np.asarray([i for i, _ in refused], dtype=np.int64)
+    out = []
+    for start, end, lo, hi in zip(starts, ends, first_row, last_row, strict=True):
+        rows = np.arange(lo, hi)
+        codes, local = np.unique(whole.node_code[rows], return_inverse=True)
+        a, b = np.searchsorted(bad_entry, [start, end], side="left")
+        out.append(
+            Decoded(
+                whole.batch.take(rows),
+                local.astype(np.int64),
+                [whole.nodes[int(c)] for c in codes],
+                int(b - a),
+                [why for _, why in refused[a : min(b, a + keep_errors)]],
+            )
+        )
+    return out
+
+
+def _decode(
+    entries: Sequence[Mapping[str, str]],
+) -> tuple[Decoded, np.ndarray, list[tuple[int, str]]]:
+    """The believed rows of ``entries``, each row's entry index (ascending), and the refused
+    entries with why."""
     flushes: list[tuple[int, FlushHeader]] = []
     relayed: list[tuple[int, RelayedHeader]] = []
-    errors: list[str] = []
+    errors: list[tuple[int, str]] = []
     for index, fields in enumerate(entries):
         try:
             if is_relayed(fields):
@@ -52,18 +94,19 @@ def decode_entries(entries: Sequence[Mapping[str, str]], keep_errors: int = 5) -
                 continue
             head = decode_header(fields)
         except TelemetryError as exc:
-            errors.append(str(exc))
+            errors.append((index, str(exc)))
             continue
         if head.regular:
             flushes.append((index, head))
         else:  # decode_steps names what is wrong, or refuses the text
-            errors.append(_why(fields))
+            errors.append((index, _why(fields)))
     parts = [_flush_columns(flushes, errors), _relayed_columns(relayed, errors)]
     nodes: dict[str, int] = {}
     for part in parts:  # a node's code per entry (few), then per row
         codes = [nodes.setdefault(n, len(nodes)) for n in part.pop("entry_node")]
         part["code"] = np.asarray(codes, dtype=np.int64)[part.pop("row_entry")]
-    order = np.argsort(np.concatenate([p["entry"] for p in parts]), kind="stable")
+    entry = np.concatenate([p["entry"] for p in parts])
+    order = np.argsort(entry, kind="stable")
     cols = {k: np.concatenate([p[k] for p in parts])[order] for k in parts[0] if k != "entry"}
     names = list(nodes)
     code = cols["code"].astype(np.int64)
@@ -81,7 +124,7 @@ def decode_entries(entries: Sequence[Mapping[str, str]], keep_errors: int = 5) -
         node=np.asarray(names, dtype=object)[code] if names else np.empty(0, dtype=object),
         group=groups if any(groups) else None,
     )
-    return Decoded(batch, code, names, len(errors), errors[:keep_errors])
+    return Decoded(batch, code, names), entry[order].astype(np.int64), errors
 
 
 def _why(fields: Mapping[str, str]) -> str:
@@ -202,13 +245,13 @@ def _values(
 
 
 def _flush_columns(
-    flushes: list[tuple[int, FlushHeader]], errors: list[str]
+    flushes: list[tuple[int, FlushHeader]], errors: list[tuple[int, str]]
 ) -> dict[str, np.ndarray]:
     entry, heads, counts, values = _values(flushes, 6)
     good, owner = _rows(entry, counts, values, _steps_ok(values))
     errors += [
-        f"rank {h.rank}: a step's value is out of range"
-        for h, g in zip(heads, good, strict=True)
+        (i, f"rank {h.rank}: a step's value is out of range")
+        for i, h, g in zip(entry, heads, good, strict=True)
         if not g
     ]
     keep = good[owner]
@@ -226,7 +269,7 @@ def _flush_columns(
 
 
 def _relayed_columns(
-    relayed: list[tuple[int, RelayedHeader]], errors: list[str]
+    relayed: list[tuple[int, RelayedHeader]], errors: list[tuple[int, str]]
 ) -> dict[str, np.ndarray]:
     entry, heads, counts, values = _values(relayed, 10)
     owner = np.repeat(np.arange(len(heads)), counts)
@@ -238,8 +281,8 @@ def _relayed_columns(
     )
     good, owner = _rows(entry, counts, values, ok_rows)
     errors += [
-        f"relayed entry of {h.node}: a row is out of range"
-        for h, g in zip(heads, good, strict=True)
+        (i, f"relayed entry of {h.node}: a row is out of range")
+        for i, h, g in zip(entry, heads, good, strict=True)
         if not g
     ]
     keep = good[owner]

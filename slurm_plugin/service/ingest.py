@@ -8,9 +8,8 @@ import itertools
 import json
 import math
 import statistics
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import redis
@@ -18,13 +17,21 @@ import structlog
 
 from slurm_plugin.detection import Detector
 from slurm_plugin.model.cluster import JobInfo
-from slurm_plugin.model.columns import decode_entries
+from slurm_plugin.model.columns import Decoded, decode_many
 from slurm_plugin.service.evidence import EvidenceFilter
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.record import number
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.telemetry import credentials
-from slurm_plugin.telemetry.store import Seen, TelemetryStore
+from slurm_plugin.telemetry.many import Cursor, read_first, read_more
+from slurm_plugin.telemetry.store import (
+    Raw,
+    Seen,
+    StreamMark,
+    TelemetryStore,
+    entries_page,
+    events_of,
+)
 
 log = structlog.get_logger(__name__)
 #: Steps entries read per job per cycle when the stream does not say how many are waiting
@@ -88,31 +95,60 @@ class Ingest:
         log.info("service.structure", job_id=job.job_id, attempt=job.restarts, groups=found)
 
     def steps(self, job: JobInfo, detector: Detector) -> tuple[Kept, int]:
-        """Feed the job's new, believed records to ``detector``; returns what was kept and how
-        many records the evidence rules dropped. Entries trimmed from the stream before they
-        were read are counted (never lost silently)."""
-        known = self.state.job(job.job_id)
-        cursor = known.get("steps_cursor", "0-0")
-        mark = self.store.steps_mark(job.job_id)  # first: the read below stops at its id
-        done = _count(known, "steps_read")
-        limit = MAX_ENTRIES_PER_JOB
-        if mark is not None:
-            limit = min(MAX_BACKLOG_PER_JOB, max(limit, mark.added - done))
-        fields: list[Mapping[str, str]] = []
-        entries = repeats = 0
-        seen = self._seen.setdefault(job.job_id, {})
-        for _ in range(-(-limit // PAGE)):
-            page = self.store.read_entries(
-                job.job_id, cursor, count=PAGE, until=mark.last_id if mark else "+", seen=seen
+        """:meth:`read` of one job."""
+        return self.read([(job, detector)])[job.job_id]
+
+    def read(
+        self,
+        jobs: Sequence[tuple[JobInfo, Detector]],
+        known: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> dict[str, tuple[Kept, int]]:
+        """Feed each job's new, believed records to its detector and note its checkpoints;
+        per job, what was kept and how many records the evidence rules dropped. Entries
+        trimmed from the stream before they were read are counted (never lost silently).
+        Every job is read, decoded and written back together (a few round trips and one
+        parse a cycle, whatever the number of jobs); ``known``: the jobs' service state as
+        the cycle read it (read here when not given)."""
+        if not jobs:
+            return {}
+        ids = [job.job_id for job, _ in jobs]
+        states = known if known is not None else self.state.jobs(ids)
+        cursors = [
+            Cursor(i, states[i].get("steps_cursor", "0-0"), states[i].get("events_cursor", "0-0"))
+            for i in ids
+        ]
+        first = read_first(self.state.client, cursors, PAGE)  # a text client: hiredis decodes
+        reads = [
+            _JobRead(c.job_id, f.mark, c.steps_after, c.events_after)
+            for c, f in zip(cursors, first, strict=True)
+        ]
+        for read, page in zip(reads, first, strict=True):
+            read.limit = _limit(read.mark, _count(states[read.job_id], "steps_read"))
+            read.take(page.steps, self._seen.setdefault(read.job_id, {}))
+        while wanted := [r for r in reads if r.more]:  # the jobs with more waiting
+            pages = read_more(
+                self.state.client, [(r.job_id, r.cursor, r.until) for r in wanted], PAGE
             )
-            fields += page.entries
-            entries += page.read
-            repeats += page.repeats
-            if page.last_id == cursor:
-                break
-            cursor = page.last_id
-        forget_oldest(seen, SEEN_PER_JOB)
-        decoded = decode_entries(fields)
+            for read, raw in zip(wanted, pages, strict=True):
+                read.take(raw, self._seen[read.job_id])
+        decoded = decode_many([r.fields for r in reads])
+        out: dict[str, tuple[Kept, int]] = {}
+        updates: dict[str, dict[str, str]] = {}
+        for (job, detector), read, page, parts in zip(jobs, reads, first, decoded, strict=True):
+            forget_oldest(self._seen[job.job_id], SEEN_PER_JOB)
+            known_job = states[job.job_id]
+            update = self._account(job, known_job, read, parts)
+            update.update(self._checkpoints(job, known_job, page.events, read.events_after))
+            updates[job.job_id] = update
+            out[job.job_id] = self._believe(job, detector, parts)
+        self.state.update_jobs(updates)
+        return out
+
+    def _account(
+        self, job: JobInfo, known: Mapping[str, str], read: _JobRead, decoded: Decoded
+    ) -> dict[str, str]:
+        """The job's cursor and counts after ``read``; repeats, malformed and lost entries
+        logged and counted."""
         if decoded.malformed:
             log.warning(
                 "telemetry.malformed_entries",
@@ -120,14 +156,17 @@ class Ingest:
                 entries=decoded.malformed,
                 errors=decoded.errors,
             )
-        read = done + entries
-        update = {"steps_cursor": cursor, "steps_read": str(read)}
-        if repeats:  # a flush retried after Redis had stored it: read once, counted here
-            total = _count(known, "steps_repeats") + repeats
-            update["steps_repeats"] = str(total)
-            log.info("service.steps_repeated", job_id=job.job_id, entries=repeats, total=total)
-        if mark is not None and cursor == mark.last_id:  # caught up: the rest was trimmed
-            lost = max(0, mark.added - read)
+        total = _count(known, "steps_read") + read.read
+        update = {"steps_cursor": read.cursor, "steps_read": str(total)}
+        if read.repeats:  # a flush retried after Redis had stored it: read once, counted here
+            repeats = _count(known, "steps_repeats") + read.repeats
+            update["steps_repeats"] = str(repeats)
+            log.info(
+                "service.steps_repeated", job_id=job.job_id, entries=read.repeats, total=repeats
+            )
+        mark = read.mark
+        if mark is not None and read.cursor == mark.last_id:  # caught up: the rest was trimmed
+            lost = max(0, mark.added - total)
             before = _count(known, "steps_lost")
             if lost > before:
                 update["steps_lost"] = str(lost)
@@ -140,12 +179,15 @@ class Ingest:
                     hint="the service fell further behind than the stream keeps (60 s of "
                     "every rank's flushes): see the cycle time in `straggler status`",
                 )
+        return update
+
+    def _believe(self, job: JobInfo, detector: Detector, decoded: Decoded) -> tuple[Kept, int]:
+        """The evidence rules over the job's decoded records; the believed go to ``detector``."""
         batch = decoded.batch
         keep, dropped = self.evidence.judge(
             job, batch.rank, decoded.node_code, decoded.nodes, batch.attempt
         )
         kept = batch.take(keep)
-        self.state.update_job(job.job_id, **update)
         if dropped:
             self.state.count_ignored(job.job_id, dropped)
             for reason, count in dropped.items():
@@ -155,13 +197,13 @@ class Ingest:
             detector.add(job.job_id, kept)
         return Kept(len(kept), len(np.unique(kept.rank))), len(batch) - len(kept)
 
-    def events(self, job: JobInfo) -> None:
-        """Note the job's newest checkpoint (and that it reports checkpoints at all), and
-        the period between its checkpoints (the goodput rule's wait for the next one)."""
-        job_state = self.state.job(job.job_id)
-        cursor = job_state.get("events_cursor", "0-0")
-        events, cursor, malformed = self.store.read_events(job.job_id, cursor)
-        update: dict[str, Any] = {"events_cursor": cursor}
+    def _checkpoints(
+        self, job: JobInfo, known: Mapping[str, str], raw: Raw, after: str
+    ) -> dict[str, str]:
+        """The job's newest checkpoint (and that it reports checkpoints at all), and the
+        period between its checkpoints (the goodput rule's wait for the next one)."""
+        events, cursor, malformed = events_of(job.job_id, raw, after)
+        update = {"events_cursor": cursor}
         if malformed:  # counted where `job show` finds it; the cycle goes on
             self.state.count_ignored(job.job_id, {"malformed_event": malformed})
             self.metrics.ignored.labels(reason="malformed_event").inc(malformed)
@@ -170,12 +212,12 @@ class Ingest:
         if checkpoints:  # a forged or broken ts is ignored, never fatal to the cycle
             newest = max(checkpoints)
             update.update(last_checkpoint_ts=f"{newest:.3f}", reports_checkpoints="1")
-            previous = number(job_state.get("last_checkpoint_ts"))
+            previous = number(known.get("last_checkpoint_ts"))
             earlier = sorted({*checkpoints, *([previous] if previous is not None else [])})
             gaps = [b - a for a, b in itertools.pairwise(earlier) if b > a]
             if gaps:
                 update["checkpoint_period_s"] = f"{statistics.median(gaps):.3f}"
-        self.state.update_job(job.job_id, **update)
+        return update
 
     def sweep_credentials(self, known: set[str], now: float, every_s: float = 30.0) -> None:
         """Every ``every_s``: revoke the per-job credentials of jobs Slurm no longer lists
@@ -192,7 +234,47 @@ class Ingest:
             log.warning("service.credentials_revoked", jobs=revoked, why="job gone, no epilog")
 
 
-def _count(known: dict[str, str], key: str) -> int:
+@dataclass
+class _JobRead:
+    """One job's steps read of this cycle, page by page."""
+
+    job_id: str
+    mark: StreamMark | None
+    cursor: str
+    events_after: str = "0-0"
+    limit: int = MAX_ENTRIES_PER_JOB
+    fields: list[Mapping[str, str]] = field(default_factory=list)
+    read: int = 0
+    repeats: int = 0
+    more: bool = False
+
+    @property
+    def until(self) -> str:
+        """The last entry this cycle reads: the mark's (read before the entries), else all."""
+        return self.mark.last_id if self.mark is not None else "+"
+
+    def take(self, raw: Raw, seen: Seen) -> None:
+        """One page in; whether another is wanted (the page was full, the limit not reached)."""
+        page = entries_page(raw, self.cursor, self.until, seen)
+        self.fields += page.entries
+        self.read += page.read
+        self.repeats += page.repeats
+        moved = page.last_id != self.cursor
+        self.cursor = page.last_id
+        self.more = moved and len(raw) >= PAGE and self.read < self.limit
+        if self.mark is not None and self.cursor == self.mark.last_id:
+            self.more = False
+
+
+def _limit(mark: StreamMark | None, done: int) -> int:
+    """Entries a cycle may read from a job: the whole backlog when the stream says how much
+    is waiting (up to :data:`MAX_BACKLOG_PER_JOB`), else :data:`MAX_ENTRIES_PER_JOB`."""
+    if mark is None:
+        return MAX_ENTRIES_PER_JOB
+    return min(MAX_BACKLOG_PER_JOB, max(MAX_ENTRIES_PER_JOB, mark.added - done))
+
+
+def _count(known: Mapping[str, str], key: str) -> int:
     """A counter the service keeps in the job's state (0 before the first)."""
     return int(known.get(key, "0") or 0)
 

@@ -45,6 +45,11 @@ from slurm_plugin.telemetry.store import TelemetryStore
 log = structlog.get_logger(__name__)
 #: Cycles failing in a row after which a leader gives its lock up (a standby may do better).
 STEP_DOWN_AFTER = 3
+#: The share of the interval a cycle spends on detection: past it, the jobs whose steps
+#: waited longest go first and the others wait for the next cycle (Detector.advance), but
+#: never longer than DETECT_MAX_WAIT_S (then the cycle takes longer).
+DETECT_SHARE = 0.25
+DETECT_MAX_WAIT_S = 30.0
 
 
 @dataclass
@@ -166,35 +171,49 @@ class Service:
         running = {j.job_id: j for j in jobs if j.running}
         nodes = tuple(self.slurm.nodes())
         self._forget_jobs(running)
+        # Every running job's state, registration and new telemetry in a few round trips.
+        known = self.state.jobs(list(running))
+        self._policies.prefetch(list(running))
+        watched = []
         for job in running.values():
             policy = self.policy_for(job)
-            if policy.actions.mode == "off":
-                continue
-            detector = self._detector_for(job, policy)
-            kept, ignored = self._ingest.steps(job, detector)
+            if policy.actions.mode != "off":
+                watched.append((job, self._detector_for(job, policy)))
+        for kept, ignored in self._ingest.read(watched, known).values():
             report.records += kept.records
             report.ranks += kept.ranks
             report.ignored_records += ignored
-            self._ingest.events(job)
         report.jobs = len(self._job_policy)
         events: list[Event] = []
+        deadline = time.monotonic() + self.settings.service_interval_s * DETECT_SHARE
         for detector in self._detectors.values():
-            events += detector.advance()
+            events += detector.advance(deadline=deadline, max_wait_s=DETECT_MAX_WAIT_S)
             events += detector.check_hangs(now, only=list(running))
+        handled = set()
         for event in events:
             target = running.get(event.job_id)
             if target is not None:
+                handled.add(event.job_id)
                 report.events.append(event.to_dict())
                 report.decisions.append(self._handle(event, target, nodes, now))
         for job in running.values():
             self._ingest.note_structure(job, self._detectors.values())
-            self._resume_waiting(job, nodes, now, report)
+            if job.job_id in handled or known[job.job_id].get("waiting"):
+                self._resume_waiting(job, nodes, now, report)
         self._node_rails.explain_prolog_drains(nodes)
         self._node_rails.age(now, self.rails)
+        waited = max((d.waiting_s() for d in self._detectors.values()), default=0.0)
         self.metrics.jobs.set(report.jobs)
         self.metrics.ranks.set(report.ranks)
+        self.metrics.detect_waiting.set(waited)
         self.state.heartbeat(
-            self.instance, {"jobs": report.jobs, "ranks": report.ranks, "records": report.records}
+            self.instance,
+            {
+                "jobs": report.jobs,
+                "ranks": report.ranks,
+                "records": report.records,
+                "detection_wait_s": round(waited, 1),
+            },
         )
 
     def _forget_jobs(self, running: dict[str, JobInfo]) -> None:

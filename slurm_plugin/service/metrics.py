@@ -39,6 +39,7 @@ class Metrics:
         self.errors: Any = null
         self.ignored: Any = null
         self.lost: Any = null
+        self.detect_waiting: Any = null
         if not port:
             return
         try:
@@ -74,6 +75,12 @@ class Metrics:
             "straggler_steps_entries_lost_total",
             "Steps entries (one rank's flush each) trimmed from a job's stream before the "
             "service read them",
+            registry=registry,
+        )
+        self.detect_waiting = prom.Gauge(
+            "straggler_detection_waiting_seconds",
+            "How long the records waiting longest for detection have waited (many jobs: each "
+            "is processed less often, within a share of the cycle)",
             registry=registry,
         )
         prom.start_http_server(port, registry=registry)

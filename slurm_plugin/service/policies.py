@@ -21,6 +21,7 @@ class PolicySet:
         self.settings = settings
         self.state = state
         self.policies: dict[str, Policy] = {}
+        self._metas: dict[str, dict[str, str]] = {}  # this cycle's job registrations
 
     @property
     def default(self) -> Policy:
@@ -49,10 +50,17 @@ class PolicySet:
             raise StragglerError(f"default policy {self.settings.default_policy!r} missing")
         return policies
 
+    def prefetch(self, job_ids: list[str]) -> None:
+        """Read the registrations of ``job_ids`` in one round trip, for this cycle's
+        :meth:`for_job` (a job missing from them is read on its own)."""
+        self._metas = self.state.job_metas(job_ids)
+
     def for_job(self, job: JobInfo) -> Policy:
         """The job's policy: its registration, its comment, else the cluster default; with the
         job's own overrides (sbatch --straggler-*) applied only where they are stricter."""
-        meta = self.state.job_meta(job.job_id)
+        meta = self._metas.get(job.job_id)
+        if meta is None:
+            meta = self.state.job_meta(job.job_id)
         wanted = meta.get("policy") or policy_from_comment(job.comment) or ""
         allowed = self.settings.allowed_policies
         if wanted and (

@@ -199,6 +199,24 @@ class ServiceState:
         pipe.expire(key, keys.JOB_TTL_ACTIVE_S)
         pipe.execute()
 
+    def update_jobs(self, updates: Mapping[str, Mapping[str, Any]]) -> None:
+        """:meth:`update_job` of many jobs, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for job_id, fields in updates.items():
+            if not fields:
+                continue
+            key = keys.job_service(job_id)
+            pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
+            pipe.expire(key, keys.JOB_TTL_ACTIVE_S)
+        pipe.execute()
+
+    def job_metas(self, job_ids: Sequence[str]) -> dict[str, dict[str, str]]:
+        """:meth:`job_meta` of many jobs, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hgetall(keys.job_meta(job_id))
+        return dict(zip(job_ids, cast("list[dict[str, str]]", pipe.execute()), strict=True))
+
     def forget_job(self, job_id: str) -> None:
         """Drop the service's state for a job id (Slurm gave it to another job): counts,
         cooldown, cursors, waiting. Its decisions stay in the audit, their job index too."""

@@ -78,6 +78,8 @@ def connect(
         "retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
         "decode_responses": decode,
     }
+    if decode:  # text a job wrote is never trusted to be UTF-8: one bad byte fails no read
+        options["encoding_errors"] = "replace"
     if url.startswith("rediss://"):
         options.update((tls or Tls()).options())
     elif tls is not None and tls != Tls():
@@ -271,11 +273,7 @@ class TelemetryStore:
             info = cast("dict[Any, Any]", self.client.xinfo_stream(key))
         except redis.ResponseError:  # no such key
             return None
-        added = info.get("entries-added", info.get(b"entries-added"))
-        last = info.get("last-generated-id", info.get(b"last-generated-id"))
-        if added is None or last is None:
-            return None
-        return StreamMark(last.decode() if isinstance(last, bytes) else str(last), int(added))
+        return mark_of(info)
 
     def read_entries(
         self,
@@ -292,22 +290,7 @@ class TelemetryStore:
             "list[tuple[bytes, dict[bytes, bytes]]]",
             self.client.xrange(keys.job_steps(job_id), min=f"({after}", max=until, count=count),
         )
-        entries: list[Mapping[str, str]] = []
-        repeats = 0
-        last = after
-        for entry_id, values in raw:
-            last = entry_id.decode()
-            fields = to_text(values)  # type: ignore[arg-type]
-            flush = flush_id(fields) if seen is not None else None
-            if seen is not None and flush is not None:
-                # A rank's flushes by rank; a relay's entries by its node (never digits alone).
-                who = f"@{fields.get('node', '')}" if is_relayed(fields) else fields.get("rank", "")
-                if flush[1] <= seen.get((who, flush[0]), -1):
-                    repeats += 1
-                    continue
-                seen[(who, flush[0])] = flush[1]
-            entries.append(fields)
-        return EntriesPage(entries, last, len(raw), repeats)
+        return entries_page(raw, after, seen=seen)
 
     def read_steps(
         self,
@@ -355,16 +338,7 @@ class TelemetryStore:
             "list[tuple[bytes, dict[bytes, bytes]]]",
             self.client.xrange(keys.job_events(job_id), min=f"({after}", count=count),
         )
-        events = []
-        malformed = 0
-        for entry_id, fields in entries:
-            after = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-            try:
-                events.append(decode_json_entry(to_text(fields)))  # type: ignore[arg-type]
-            except TelemetryError as exc:
-                malformed += 1
-                log.warning("telemetry.malformed_entry", job_id=job_id, entry=after, error=str(exc))
-        return events, after, malformed
+        return events_of(job_id, entries, after)
 
     def read_json(self, key: str, count: int = 1000) -> list[dict[str, Any]]:
         """The newest ``count`` JSON entries of an events or GPU stream, oldest first."""
@@ -378,3 +352,72 @@ class TelemetryStore:
             except TelemetryError:
                 log.warning("telemetry.malformed_entry", key=key)
         return out
+
+
+#: An XRANGE answer: bytes from a plain client, text from one that decodes.
+Raw = list[tuple[Any, dict[Any, Any]]]
+
+
+def mark_of(info: Mapping[Any, Any]) -> StreamMark | None:
+    """The mark in an ``XINFO STREAM`` answer; None when the server does not say."""
+    added = info.get("entries-added", info.get(b"entries-added"))
+    last = info.get("last-generated-id", info.get(b"last-generated-id"))
+    if added is None or last is None:
+        return None
+    return StreamMark(last.decode() if isinstance(last, bytes) else str(last), int(added))
+
+
+def _stream_id(text: str) -> tuple[int, int]:
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _fields_text(values: Mapping[Any, Any]) -> dict[str, str]:
+    """An entry's fields as text: as they are from a client that decodes (the service's)."""
+    for key in values:
+        return dict(values) if isinstance(key, str) else to_text(values)
+    return {}
+
+
+def entries_page(raw: Raw, after: str, until: str = "+", seen: Seen | None = None) -> EntriesPage:
+    """The steps entries of an ``XRANGE`` answer, not decoded, up to ``until`` (inclusive:
+    later ones stay unread); with ``seen`` (kept by the caller across pages), repeats of
+    entries already read are skipped and counted."""
+    if until != "+" and raw and _stream_id(_text(raw[-1][0])) > _stream_id(until):
+        bound = _stream_id(until)
+        raw = [entry for entry in raw if _stream_id(_text(entry[0])) <= bound]
+    entries: list[Mapping[str, str]] = []
+    repeats = 0
+    last = after
+    for entry_id, values in raw:
+        last = _text(entry_id)
+        fields = _fields_text(values)
+        flush = flush_id(fields) if seen is not None else None
+        if seen is not None and flush is not None:
+            # A rank's flushes by rank; a relay's entries by its node (never digits alone).
+            who = f"@{fields.get('node', '')}" if is_relayed(fields) else fields.get("rank", "")
+            if flush[1] <= seen.get((who, flush[0]), -1):
+                repeats += 1
+                continue
+            seen[(who, flush[0])] = flush[1]
+        entries.append(fields)
+    return EntriesPage(entries, last, len(raw), repeats)
+
+
+def events_of(job_id: str, raw: Raw, after: str) -> tuple[list[dict[str, Any]], str, int]:
+    """The events of an ``XRANGE`` answer, the id to continue from, and how many were
+    malformed (skipped: a NaN written by a client of its own, a broken entry)."""
+    events = []
+    malformed = 0
+    for entry_id, fields in raw:
+        after = _text(entry_id)
+        try:
+            events.append(decode_json_entry(_fields_text(fields)))
+        except TelemetryError as exc:
+            malformed += 1
+            log.warning("telemetry.malformed_entry", job_id=job_id, entry=after, error=str(exc))
+    return events, after, malformed

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from slurm_plugin.errors import TelemetryError
 from slurm_plugin.model import columns
 from slurm_plugin.model.batch import RecordBatch
-from slurm_plugin.model.columns import decode_entries
+from slurm_plugin.model.columns import decode_entries, decode_many
 from slurm_plugin.model.records import StepRecord, decode_header, decode_steps, encode_steps
 from slurm_plugin.model.relayed import encode_relayed
 
@@ -119,6 +119,31 @@ def test_columns_agree_with_the_record_decoder(parser: str, flushes: list[dict[s
     decoded = decode_entries(flushes)
     assert decoded.malformed == refused
     _assert_same(decoded.batch, records)
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(st.lists(st.lists(_flush(), min_size=0, max_size=5), min_size=0, max_size=5), st.data())
+def test_many_jobs_decoded_at_once_read_as_each_alone(
+    parser: str, jobs: list[list[dict[str, str]]], data: st.DataObject
+) -> None:
+    """The service decodes every job's entries in one parse: each job's part is what decoding
+    it alone gives (rows, nodes, refusals), relayed entries among them."""
+    relayed = encode_relayed("node9", [decode_header(data.draw(_GOOD))], "0123456789abcdef.1")
+    jobs = [*jobs, [relayed]]
+    for got, entries in zip(decode_many(jobs), jobs, strict=True):
+        alone = decode_entries(entries)
+        assert (got.malformed, got.errors) == (alone.malformed, alone.errors)
+        assert len(got.batch) == len(alone.batch)
+        for name in ("rank", "step", "attempt", "gpu", "ts", "compute_s", "comm_s", "data_s"):
+            assert _nan_equal(getattr(got.batch, name), getattr(alone.batch, name)), name
+        assert [got.nodes[c] for c in got.node_code] == list(alone.batch.node)
+        assert list(got.batch.node) == list(alone.batch.node)
+        # A job's node names are its own (the evidence rules look at each of them).
+        assert sorted(got.nodes) == sorted(set(alone.batch.node))
 
 
 def _assert_same(got: RecordBatch, records: list[StepRecord]) -> None:

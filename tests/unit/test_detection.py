@@ -424,3 +424,49 @@ def test_two_bad_nodes_in_one_job_do_not_hide_each_other() -> None:
     assert set(costs) == {"n0001", "n0005"}, costs
     for node, values in costs.items():
         assert min(values[1:]) > 10.0, (node, values)  # the first: the shift's first steps
+
+
+def test_a_deadline_processes_the_longest_waiting_jobs_first_and_bounds_their_wait() -> None:
+    """Under a deadline each call processes jobs oldest records first, every job's records
+    eventually; records waiting ``max_wait_s`` are processed past the deadline; what is found
+    is what processing everything at once finds."""
+    now = [0.0]
+    steps = 120
+    specs = [
+        JobSpec(str(j), 16, steps, seed=j, compute_slow={3: step_change(0.5, 40)} if j == 2 else {})
+        for j in range(6)
+    ]
+    batches = {s.job_id: generate(s) for s in specs}
+    budgeted = Detector(clock=lambda: now[0])
+    whole = Detector()
+    found: list[object] = []
+    expected: list[object] = []
+    for chunk in range(0, steps, 10):
+        for job_id, batch in batches.items():
+            part = batch.take((batch.step >= chunk) & (batch.step < chunk + 10))
+            budgeted.add(job_id, part)
+            whole.add(job_id, part)
+        now[0] += 2.0
+        # The deadline has passed at once: one job a call (the longest waiting), unless
+        # others have waited max_wait_s.
+        found += budgeted.advance(deadline=now[0], max_wait_s=7.0)
+        expected += whole.advance()
+        assert budgeted.waiting_s() <= 7.0 + 2.0
+    found += budgeted.advance()
+    expected += whole.advance()
+    key = lambda e: (e.job_id, e.kind, e.step)  # noqa: E731
+    assert sorted(map(key, found)) == sorted(map(key, expected))
+    assert any(isinstance(e, StragglerEvent) and e.job_id == "2" for e in found)
+
+
+def test_a_deadline_takes_the_oldest_job_first() -> None:
+    now = [0.0]
+    det = Detector(clock=lambda: now[0])
+    specs = [JobSpec(str(j), 8, 30, seed=j) for j in range(3)]
+    for spec in reversed(specs):  # job 2's records first, job 0's last
+        det.add(spec.job_id, generate(spec))
+        now[0] += 1.0
+    det.advance(deadline=0.0)
+    assert [j for j, s in det._jobs.items() if not s.pending] == ["2"]
+    det.advance(deadline=0.0)
+    assert sorted(j for j, s in det._jobs.items() if not s.pending) == ["1", "2"]
