@@ -1,5 +1,9 @@
 """Service cycle time with many concurrent jobs: N jobs of 8 ranks at 1 step/s (default 2,000).
 
+``--relayed``: each node's ranks publish through the node relay (one entry per node and flush
+instead of one per rank); "detection waited": the longest any job's records waited for
+detection (the cycle gives detection a share of the interval, the longest-waiting first).
+
 The real Service, its state and telemetry store on a real Redis; Slurm is
 ``slurm_plugin.testing.FakeScheduler`` (2,000 jobs cannot run on this machine). Each cycle
 every rank publishes the steps of one interval (2 s) as it would, then one cycle runs; the
@@ -23,7 +27,8 @@ from benchmarks._common import machine, redis_url, table
 from slurm_plugin.config import Settings
 from slurm_plugin.model import keys
 from slurm_plugin.model.cluster import JobInfo, NodeInfo
-from slurm_plugin.model.records import encode_steps
+from slurm_plugin.model.records import decode_header, encode_steps
+from slurm_plugin.model.relayed import encode_relayed
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.telemetry.store import TelemetryStore, connect
@@ -62,20 +67,28 @@ def jobs_and_nodes(count: int, now: float) -> tuple[list[JobInfo], list[NodeInfo
     return jobs, nodes
 
 
-def publish(store: TelemetryStore, jobs: list[JobInfo], first_step: int, t0: float) -> int:
-    """One interval of steps for every rank of every job (one entry per rank and second, as
-    reporters flushing every second write); returns the records written."""
+def publish(
+    store: TelemetryStore, jobs: list[JobInfo], first_step: int, t0: float, relayed: bool
+) -> int:
+    """One interval of steps for every rank of every job, as reporters flushing every second
+    write them: one entry per rank and second, or (``relayed``) one per node and second, as
+    the node relay packs them; returns the records written."""
     pipe = store.client.pipeline(transaction=False)
     written = 0
     for job in jobs:
-        for rank in range(RANKS_PER_JOB):
-            for second in range(int(INTERVAL_S)):
-                step = first_step + second
+        for second in range(int(INTERVAL_S)):
+            step = first_step + second
+            flushes: list[dict[Any, Any]] = []
+            for rank in range(RANKS_PER_JOB):
                 compute = 0.7 * (1 + 0.01 * ((rank * 7 + step * 13) % 11 - 5) / 5)
                 raws = [(step, t0 + step, 1.0, compute, 0.2, 0.1)]
-                fields: dict[Any, Any] = encode_steps(rank, job.nodes[0], rank, 0, raws)
-                pipe.xadd(keys.job_steps(job.job_id), fields, maxlen=1000, approximate=True)
+                flushes.append(encode_steps(rank, job.nodes[0], rank, 0, raws))
                 written += 1
+            if relayed:
+                heads = [decode_header(f) for f in flushes]
+                flushes = [encode_relayed(job.nodes[0], heads, f"{'0' * 16}.{step + 1}")]
+            for fields in flushes:
+                pipe.xadd(keys.job_steps(job.job_id), fields, maxlen=1000, approximate=True)
     pipe.execute()
     return written
 
@@ -84,6 +97,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, nargs="+", default=[200, 2000])
     parser.add_argument("--cycles", type=int, default=30)
+    parser.add_argument(
+        "--relayed", action="store_true", help="one entry per node per flush (the node relay)"
+    )
     args = parser.parse_args()
     url = redis_url()
     client = redis.Redis.from_url(url)
@@ -95,7 +111,7 @@ def main() -> None:
     rows = []
     try:
         for count in args.jobs:
-            rows.append(run(url, count, args.cycles))
+            rows.append(run(url, count, args.cycles, args.relayed))
             for key in client.scan_iter(count=1000):  # all ours: the database was empty
                 client.delete(key)
     finally:
@@ -104,13 +120,20 @@ def main() -> None:
     print(f"machine: {machine()}")
     print(
         table(
-            ["jobs x ranks", "records per cycle", "cycle p50", "cycle p95", "cycle max"],
+            [
+                "jobs x ranks" + (" (relayed)" if args.relayed else ""),
+                "records per cycle",
+                "cycle p50",
+                "cycle p95",
+                "cycle max",
+                "detection waited (max)",
+            ],
             rows,
         )
     )
 
 
-def run(url: str, count: int, cycles: int) -> list[object]:
+def run(url: str, count: int, cycles: int, relayed: bool) -> list[object]:
     now = time.time()
     jobs, nodes = jobs_and_nodes(count, now)
     store = TelemetryStore(connect(url))
@@ -122,15 +145,16 @@ def run(url: str, count: int, cycles: int) -> list[object]:
     service = Service(
         settings, FakeScheduler(jobs, nodes), ServiceState(connect(url, decode=True)), store
     )
-    durations, records = [], []
+    durations, records, waited = [], [], []
     for cycle in range(cycles):
-        publish(store, jobs, cycle * int(INTERVAL_S), now)
+        publish(store, jobs, cycle * int(INTERVAL_S), now, relayed)
         report = service.cycle()
         if report.error:
             raise SystemExit(f"cycle failed: {report.error}")
         if cycle >= 3:  # the first cycles register every job: measured from the fourth on
             durations.append(report.duration_s)
             records.append(report.records)
+            waited.append(service.state.last_heartbeat() or {})
     durations.sort()
     p95 = durations[min(len(durations) - 1, round(0.95 * (len(durations) - 1)))]
     return [
@@ -139,6 +163,7 @@ def run(url: str, count: int, cycles: int) -> list[object]:
         f"{statistics.median(durations) * 1000:.0f} ms",
         f"{p95 * 1000:.0f} ms",
         f"{durations[-1] * 1000:.0f} ms",
+        f"{max(float(h.get('detection_wait_s', 0)) for h in waited):.0f} s",
     ]
 
 

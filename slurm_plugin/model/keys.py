@@ -142,6 +142,9 @@ EVICTIONS = f"{PREFIX}evictions"
 #: Evictions older than this leave EVICTIONS (the budget looks one hour back).
 EVICTIONS_KEEP_S = 7 * 24 * 3600
 BREAKER = f"{PREFIX}breaker"
+#: Sorted set: node -> when it was last flagged a compute straggler (the breaker's window: a
+#: restarted service goes on counting where the last one stopped).
+BREAKER_WINDOW = f"{PREFIX}breaker:window"
 SERVICE_JOBS = f"{PREFIX}service:jobs"
 PAUSE = f"{PREFIX}pause"
 LEADER = f"{PREFIX}leader"

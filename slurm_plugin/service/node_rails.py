@@ -28,8 +28,6 @@ class NodeRails:
         self.state = state
         self.executor = executor
         self.dry_run = dry_run
-        #: (when, node) of recent compute stragglers, for the circuit breaker's window.
-        self.flagged: list[tuple[float, str]] = []
         self._aged_at = 0.0
 
     def age(self, now: float, rails: ClusterRails, every_s: float = 300.0) -> list[str]:
@@ -94,14 +92,12 @@ class NodeRails:
             distinct_users=rails.persistence.distinct_users,
         )
         self.state.save_node_history(transition.history)
-        if event.cause == "compute":
+        if event.cause == "compute":  # the window lives in Redis: a restart forgets none
             window = rails.safety.breaker_window_s
-            self.flagged = [(t, n) for t, n in self.flagged if now - t < window]
-            self.flagged.append((now, event.node))
-            distinct = {n for _, n in self.flagged}
-            if len(distinct) > rails.safety.breaker_max_nodes and self.state.breaker() is None:
+            distinct = self.state.flag_for_breaker(event.node, now, window)
+            if distinct > rails.safety.breaker_max_nodes and self.state.breaker() is None:
                 why = (
-                    f"{len(distinct)} straggler nodes within {window:.0f} s (max "
+                    f"{distinct} straggler nodes within {window:.0f} s (max "
                     f"{rails.safety.breaker_max_nodes}); `straggler resume` to act again"
                 )
                 self.state.open_breaker(why)

@@ -361,6 +361,15 @@ class ServiceState:
         ttl = int(self.client.pttl(keys.PAUSE))
         return ttl / 1000.0 if ttl and ttl > 0 else None
 
+    def flag_for_breaker(self, node: str, now: float, window_s: float) -> int:
+        """Note ``node`` flagged at ``now``; the distinct nodes flagged within ``window_s``."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.zadd(keys.BREAKER_WINDOW, {node: now})
+        pipe.zremrangebyscore(keys.BREAKER_WINDOW, "-inf", f"({now - window_s}")
+        pipe.zcard(keys.BREAKER_WINDOW)
+        pipe.expire(keys.BREAKER_WINDOW, max(1, int(window_s) + 60))
+        return int(pipe.execute()[2])
+
     def open_breaker(self, why: str) -> None:
         """Stop all actions until an admin resumes."""
         self.client.set(keys.BREAKER, json.dumps({"why": why, "at": self.clock()}))

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import redis
 
+from slurm_plugin.detection import StragglerEvent
 from slurm_plugin.model import keys
+from slurm_plugin.policy.rails import ClusterRails, SafetyPolicy
+from slurm_plugin.service.executor import Executor
+from slurm_plugin.service.node_rails import NodeRails
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.testing import FakeClock
+from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.conftest import RedisServer
+from tests.integration.test_control_loop import running_job
 
 
 def _state(server: RedisServer, clock: FakeClock, retention_s: float = 86400) -> ServiceState:
@@ -61,3 +66,33 @@ def test_decisions_expire_after_the_retention(private_redis: RedisServer) -> Non
     state.save_decision("d-000000000002", {"job_id": "9", "state": "held", "node": "n1"})
     assert client.zcard(keys.EVICTIONS) == 1
     assert state.evictions_since(0) == 1
+
+
+def test_the_breaker_window_outlives_a_service_restart(private_redis: RedisServer) -> None:
+    """Issue 25: the breaker's window lived in the service's memory, so a restart between
+    stragglers closed it. Two nodes flagged, the service restarted, a third flagged within
+    the window (max 2): the breaker opens. Nodes flagged again count once; a node flagged
+    longer than the window ago does not count."""
+    clock = FakeClock()
+    state = _state(private_redis, clock)
+    rails = ClusterRails(safety=SafetyPolicy(breaker_max_nodes=2, breaker_window_s=600))
+    jobs = FakeScheduler([running_job(clock)], [])
+
+    def flag(node_rails: NodeRails, node: str) -> None:
+        event = StragglerEvent("5", node, None, [0], 10, clock(), 9.0, 30.0, "compute", "node")
+        job = running_job(clock)
+        node_rails.remember(event, job, "5.1", rails, (), clock())
+
+    def service() -> NodeRails:  # what a restart builds anew
+        return NodeRails(state, Executor(jobs, state, clock=clock), dry_run=True)
+
+    flag(service(), "node1")
+    clock.advance(700)  # node1 leaves the window
+    first = service()
+    flag(first, "node2")
+    flag(first, "node3")
+    flag(first, "node3")
+    assert state.breaker() is None  # two distinct nodes within 600 s: at the maximum
+    flag(service(), "node4")  # after a restart
+    assert state.breaker() is not None
+    assert "3 straggler nodes within 600 s" in (state.breaker() or "")
