@@ -64,6 +64,9 @@ class StaticScheduler:
     def requeue_hold(self, job_id: str) -> None:
         self.calls.append("requeue_hold")
 
+    def hold_reason(self, job_id: str) -> str:
+        return ""  # never held: the benchmark's job keeps running
+
     def set_excluded(self, job_id: str, nodes: Sequence[str]) -> None:
         self.calls.append("set_excluded")
 

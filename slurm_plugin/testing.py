@@ -16,7 +16,7 @@ from pathlib import Path
 
 from slurm_plugin.errors import JobNotFoundError
 from slurm_plugin.health.fabric import COUNTERS
-from slurm_plugin.model.cluster import JobInfo, NodeInfo
+from slurm_plugin.model.cluster import REQUEUE_HELD, JobInfo, NodeInfo
 
 
 def build_ib_tree(
@@ -108,12 +108,25 @@ class FakeScheduler:
         self.job_table[job_id] = replace(
             job,
             state="PENDING",
-            reason="JobHeldUser",
+            # As `scontrol show job` says it (squeue: JobHeldUser); a user's or an admin's
+            # hold reads JobHeldUser or JobHeldAdmin in both.
+            reason=REQUEUE_HELD,
             priority=0,
             nodes=(),
             restarts=job.restarts + 1,
             # Slurm moves the submit time on a requeue (to the requeue's time).
             submit_time=None if job.submit_time is None else job.submit_time + 60.0,
+        )
+
+    def hold_reason(self, job_id: str) -> str:
+        self._call("hold_reason", job_id)
+        job = self._get(job_id)
+        return job.reason if job.held else ""
+
+    def hold(self, job_id: str, by: str = "User") -> None:
+        """What `scontrol hold` (``by="Admin"``) or `scontrol uhold` does: not the service's."""
+        self.job_table[job_id] = replace(
+            self._get(job_id), state="PENDING", reason=f"JobHeld{by}", priority=0, nodes=()
         )
 
     def set_excluded(self, job_id: str, nodes: Sequence[str]) -> None:

@@ -9,6 +9,12 @@ from dataclasses import dataclass
 MAX_RANKS_PER_NODE = 1024
 
 
+#: ``scontrol show job``'s Reason for a job our requeuehold holds; a hold by the job's user or
+#: an admin reads one of OTHERS_HOLDS (squeue says JobHeldUser for every one of them).
+REQUEUE_HELD = "job_requeued_in_held_state"
+OTHERS_HOLDS = frozenset({"JobHeldUser", "JobHeldAdmin"})
+
+
 @dataclass(frozen=True)
 class JobInfo:
     """One job as Slurm reports it."""
@@ -43,8 +49,8 @@ class JobInfo:
     def held(self) -> bool:
         """Held by a user or admin (``requeuehold`` leaves it so: priority 0, and a reason of
         JobHeldUser in squeue or job_requeued_in_held_state in scontrol)."""
-        held_reasons = {"JobHeldUser", "JobHeldAdmin", "job_requeued_in_held_state"}
-        return self.state == "PENDING" and (self.priority == 0 or self.reason in held_reasons)
+        held = self.priority == 0 or self.reason in OTHERS_HOLDS or self.reason == REQUEUE_HELD
+        return self.state == "PENDING" and held
 
 
 @dataclass(frozen=True)

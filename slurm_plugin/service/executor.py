@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from slurm_plugin.errors import CommandTimeoutError, JobNotFoundError, SlurmError
-from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.model.cluster import OTHERS_HOLDS, JobInfo
 from slurm_plugin.service.identity import Known, describe, fields_of, same_job
 from slurm_plugin.service.node_actions import NodeActions
 from slurm_plugin.service.record import number_or
@@ -134,6 +134,10 @@ class Executor:
                 return "pending"
             error = f"exclude: {exc}; released without exclusion after {self.max_hold_s:g} s"
         try:
+            other = self._held_by_another(job_id)
+            if other is not None:  # our release landed after all, and someone held it since
+                self.state.save_decision(decision_id, {"note": other})
+                return self._verify(decision_id, job_id, node, restarts_before, self.clock())
             self.slurm.release(job_id)  # idempotent: harmless on a job that is not held
         except SlurmError as exc:
             # Never give up on a job we hold: the decision stays open, recover() retries.
@@ -166,17 +170,19 @@ class Executor:
                 # What we did, as Slurm shows it: requeued, the node excluded, not held. A job
                 # still pending after that (Slurm's requeue delay, a busy partition: 83 s under
                 # load) is no failure of ours.
+                other = self._held_by_another(job_id) if job.held else None
                 ok = (
                     node in job.excluded
                     and job.restarts > restarts_before
-                    and not job.held
+                    and (not job.held or other is not None)
                     and node not in job.nodes
                 )
-                if job.held:  # our release did not take (or came too early): again
+                if job.held and other is None:  # our release did not take (or came early)
                     self.slurm.release(job_id)
                 detail = (
                     f"state={job.state} restarts={job.restarts} "
                     f"excluded={','.join(job.excluded)} nodes={','.join(job.nodes)}"
+                    + (f"; {other}" if other else "")
                 )
                 if ok:
                     self.state.save_decision(decision_id, {"state": "verified", "verified": detail})
@@ -318,9 +324,24 @@ class Executor:
         log.warning("executor.job_id_reused", decision_id=rec["id"], job_id=job.job_id)
         return True
 
+    def _held_by_another(self, job_id: str) -> str | None:
+        """Why the job is not ours to release when its user or an admin holds it (after a
+        release of ours, one that timed out included); None when our requeuehold holds it
+        (or Slurm names no other's hold). :class:`SlurmError` when Slurm does not answer."""
+        reason = self.slurm.hold_reason(job_id)
+        if reason not in OTHERS_HOLDS:
+            return None
+        return f"held by its user or an admin since ({reason}): not ours to release, left held"
+
     def _release_and_check(self, decision_id: str, job_id: str) -> bool:
-        """Release, then read back: True once Slurm shows the job not held."""
+        """Release, then read back: True once Slurm shows the job not held (or held by its
+        user or an admin: then never released by us, the decision abandoned)."""
         try:
+            other = self._held_by_another(job_id)
+            if other is not None:
+                self.state.save_decision(decision_id, {"state": "abandoned", "error": other})
+                log.warning("executor.hold_not_ours", decision_id=decision_id, job_id=job_id)
+                return True
             self.slurm.release(job_id)
             job = self.slurm.job(job_id)
         except SlurmError as exc:  # told or not, the next cycle reads it back and retries

@@ -37,6 +37,9 @@ class FencedScheduler:
     def nodes(self) -> list[NodeInfo]:
         return self.inner.nodes()
 
+    def hold_reason(self, job_id: str) -> str:
+        return self.inner.hold_reason(job_id)
+
     def requeue_hold(self, job_id: str) -> None:
         self._fence("requeue_hold", job_id)
         self.inner.requeue_hold(job_id)

@@ -14,7 +14,12 @@ from slurm_plugin.config import Settings
 from slurm_plugin.errors import CommandError, JobNotFoundError, SlurmError
 from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.model.keys import check_job_id, check_node
-from slurm_plugin.slurm.parsers import collect_hostlist, parse_sinfo_json, parse_squeue_json
+from slurm_plugin.slurm.parsers import (
+    collect_hostlist,
+    parse_scontrol_record,
+    parse_sinfo_json,
+    parse_squeue_json,
+)
 from slurm_plugin.slurm.release import SlurmRelease, parse_version
 from slurm_plugin.slurm.runner import CommandResult, run_command
 
@@ -36,6 +41,12 @@ class Scheduler(Protocol):
 
     def requeue_hold(self, job_id: str) -> None:
         """Requeue a running job and hold it."""
+        ...
+
+    def hold_reason(self, job_id: str) -> str:
+        """Why Slurm holds the job, as ``scontrol show job`` says: our requeuehold reads
+        ``job_requeued_in_held_state``, a hold by its user or an admin ``JobHeldUser`` or
+        ``JobHeldAdmin`` (squeue says JobHeldUser for all of them)."""
         ...
 
     def set_excluded(self, job_id: str, nodes: Sequence[str]) -> None:
@@ -116,6 +127,10 @@ class ScontrolScheduler:
 
     def requeue_hold(self, job_id: str) -> None:
         self._run("scontrol", "requeuehold", check_job_id(job_id))
+
+    def hold_reason(self, job_id: str) -> str:
+        text = self._run("scontrol", "-o", "show", "job", check_job_id(job_id))
+        return parse_scontrol_record(text).get("Reason", "")
 
     def set_excluded(self, job_id: str, nodes: Sequence[str]) -> None:
         value = collect_hostlist([check_node(n) for n in nodes])

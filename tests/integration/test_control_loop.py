@@ -21,7 +21,7 @@ from slurm_plugin.config import Settings
 from slurm_plugin.errors import SlurmError
 from slurm_plugin.health.checks import verdict
 from slurm_plugin.health.hook import HookResult, _redis_prolog
-from slurm_plugin.model.cluster import JobInfo, NodeInfo
+from slurm_plugin.model.cluster import REQUEUE_HELD, JobInfo, NodeInfo
 from slurm_plugin.model.records import encode_steps
 from slurm_plugin.policy.history import Incident, NodeHistory
 from slurm_plugin.service.loop import Service
@@ -637,7 +637,7 @@ def test_a_job_held_with_our_mark_and_no_record_is_released(
         return replace(
             running_job(clock, job_id),
             state="PENDING",
-            reason="JobHeldUser",
+            reason=REQUEUE_HELD,  # as scontrol says it of our requeuehold
             priority=0,
             nodes=(),
             restarts=1,

@@ -17,7 +17,7 @@ from slurm_plugin.config import Settings
 from slurm_plugin.errors import CommandTimeoutError, SlurmError
 from slurm_plugin.health.hook import HookResult, _redis_prolog
 from slurm_plugin.model import keys
-from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.model.cluster import REQUEUE_HELD, JobInfo
 from slurm_plugin.service.identity import Known, fields_of, same_job, token
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.telemetry import credentials
@@ -236,7 +236,7 @@ def test_a_second_deployment_never_undoes_the_firsts_marks(make_loop: Callable[.
         return replace(
             running_job(clock, job_id),
             state="PENDING",
-            reason="JobHeldUser",
+            reason=REQUEUE_HELD,  # as scontrol says it of our requeuehold
             priority=0,
             nodes=(),
             restarts=1,

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from slurm_plugin.errors import CommandTimeoutError, SlurmError
-from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.model.cluster import REQUEUE_HELD, JobInfo
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
@@ -157,7 +157,7 @@ def _held(clock: FakeClock, job_id: str, mark: str, restarts: int = 1) -> JobInf
     return replace(
         running_job(clock, job_id),
         state="PENDING",
-        reason="JobHeldUser",
+        reason=REQUEUE_HELD,  # as scontrol says it of our requeuehold
         priority=0,
         nodes=(),
         restarts=restarts,
@@ -237,3 +237,26 @@ def test_a_users_hold_after_our_eviction_is_never_released(
     slurm.job_table["43"] = held  # the user's `scontrol hold`
     assert executor.release_orphans([held]) == []
     assert slurm.job_table["43"].held
+
+
+def test_a_release_that_landed_never_lifts_the_hold_its_user_put_after(
+    setup: tuple[Executor, Flaky, ServiceState, FakeClock],
+) -> None:
+    """Our release timed out after it landed; the job's user then held it (`scontrol uhold`).
+    The retries see a hold that is not our requeuehold's: they leave it, and the eviction is
+    verified (requeued, node excluded) with the hold named."""
+    executor, slurm, state, clock = setup
+    slurm.job_table["44"] = replace(running_job(clock, "44"), submit_time=clock() - 100)
+    slurm.effect["release"] = "lands"
+    assert executor.evict("d-00000000cafe", slurm.job_table["44"], "node3") == "pending"
+    assert not slurm.job_table["44"].held  # it landed
+    slurm.hold("44")
+    before = len(slurm.calls)
+    for _ in range(3):
+        executor.recover()
+        clock.advance(10)
+    assert ("release", "44") not in slurm.calls[before:]
+    assert slurm.job_table["44"].reason == "JobHeldUser"
+    decision = state.decision("d-00000000cafe")
+    assert decision["state"] == "verified", decision
+    assert "not ours to release" in decision["verified"]

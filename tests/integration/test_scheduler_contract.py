@@ -12,6 +12,7 @@ import pytest
 from slurm_plugin.config import Settings
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.errors import JobNotFoundError, StragglerError
+from slurm_plugin.model.cluster import REQUEUE_HELD
 from slurm_plugin.slurm.scheduler import Scheduler, ScontrolScheduler
 from tests.integration.conftest import Slurm, wait_for
 
@@ -47,6 +48,7 @@ def test_requeue_hold_exclude_release(scheduler: Scheduler, slurm: Slurm, job_di
     victim = scheduler.job(job).nodes[0]
     scheduler.requeue_hold(job)
     wait_for(lambda: scheduler.job(job).held, 30, "the job to be held")
+    assert scheduler.hold_reason(job) == REQUEUE_HELD  # ours (squeue says JobHeldUser)
     scheduler.set_excluded(job, [victim])
     assert scheduler.job(job).excluded == (victim,)
     scheduler.release(job)
@@ -99,3 +101,21 @@ def test_job_text_cannot_forge_state(scheduler: Scheduler, slurm: Slurm) -> None
     assert (seen.name, seen.comment) == (hostile, hostile)
     listed = next(j for j in scheduler.jobs() if j.job_id == job)
     assert (listed.state, listed.held, listed.restarts, listed.nodes) == ("PENDING", True, 0, ())
+
+
+def test_a_hold_of_its_user_or_an_admin_is_told_from_ours(
+    scheduler: Scheduler, slurm: Slurm, job_dir: Path
+) -> None:
+    """After our release a new hold is someone else's: scontrol names it so (the executor
+    never releases it, whatever its own retries think)."""
+    job = slurm.sbatch("-N1", "--requeue", f"--output={job_dir / 'j.log'}", "--wrap", "sleep 60")
+    slurm.wait_job(job, "RUNNING")
+    scheduler.requeue_hold(job)
+    wait_for(lambda: scheduler.job(job).held, 30, "the job to be held")
+    scheduler.release(job)
+    slurm.run("scontrol", "uhold", job)
+    assert scheduler.hold_reason(job) == "JobHeldUser"
+    slurm.run("scontrol", "release", job)
+    slurm.run("scontrol", "hold", job)
+    assert scheduler.hold_reason(job) == "JobHeldAdmin"
+    assert scheduler.job(job).held
