@@ -27,8 +27,13 @@ from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy.decide import ClusterContext, Decision, JobContext, decide
 from slurm_plugin.policy.rails import SafetyPolicy
 from slurm_plugin.policy.schema import Policy
+from slurm_plugin.policy.verdict import UNKNOWN, Facts, final, recheck
 from slurm_plugin.trace import Trace
 from slurm_plugin.trace_meta import TraceContext
+
+#: The service's cycle, as the replay assumes it: a re-check with nothing to look at is taken
+#: again one cycle later.
+CYCLE_S = 2.0
 
 
 @dataclass
@@ -39,6 +44,8 @@ class _Waiting:
     event: StragglerEvent
     since: float
     node_incidents: int
+    #: When the re-check had nothing to look at: decided again then (the service's next cycle).
+    again_at: float | None = None
 
 
 @dataclass
@@ -200,12 +207,25 @@ class Replay:
             row.update(action="wait", reasons=["a decision already waits for the checkpoint"])
             return
         ctx = self._context(event.job_id, event.ts, node_incidents)
-        decision, _ = self._verdict(event, event.ts, ctx)
-        row.update(_row(decision))
+        decision, settled = self._final(event, event.ts, ctx)
+        row.update(_row(decision), **settled)
         if decision.action == "evict":
             self._evicted(event, event.ts)
         elif decision.action == "wait":
-            self.waiting[event.job_id] = _Waiting(row, event, event.ts, node_incidents)
+            again = event.ts + CYCLE_S if settled.get("waiting_for") == "recheck" else None
+            self.waiting[event.job_id] = _Waiting(row, event, event.ts, node_incidents, again)
+
+    def _final(
+        self, event: StragglerEvent, now: float, ctx: JobContext
+    ) -> tuple[Decision, dict[str, Any]]:
+        """The service's final verdict (policy/verdict.py): the policy's decision, then, for
+        an eviction, the re-check of the node on the trace's newest steps up to ``now``."""
+        decision, _ = self._verdict(event, now, ctx)
+        if decision.action != "evict":
+            return decision, {}
+        recent = self._recent_slowdown_pct(event, now)
+        fact = recheck(event.node, recent, self.policy.detection.min_slowdown_pct)
+        return final(decision, Facts(recheck=fact))
 
     def _evicted(self, event: StragglerEvent, ts: float) -> None:
         self.evictions.setdefault(event.job_id, []).append(ts)
@@ -219,28 +239,29 @@ class Replay:
             checkpoints = self.context.checkpoints(job_id)
             after = checkpoints[bisect.bisect_right(checkpoints, w.since) :]
             due = min(after[0] if after else np.inf, w.since + self.policy.actions.max_wait_s)
+            if w.again_at is not None:
+                due = w.again_at
             if due <= min(now, self.last_ts[job_id]):
-                self._resolve(
-                    job_id, w, float(due), "checkpoint" if after and after[0] == due else "max wait"
-                )
+                how = "checkpoint" if after and after[0] == due else "max wait"
+                self._resolve(job_id, w, float(due), "recheck" if w.again_at else how)
 
     def _resolve(self, job_id: str, w: _Waiting, now: float, after: str) -> None:
         del self.waiting[job_id]
         if after == "max wait":
             self.missed[job_id] = now
-        recent = self._recent_slowdown_pct(w.event, now)
-        still = recent is not None and recent >= self.policy.detection.min_slowdown_pct
+        # Decided again as the service does: as if the job reported no checkpoints.
         ctx = replace(self._context(job_id, now, w.node_incidents), reports_checkpoints=False)
-        decision, _ = self._verdict(w.event, now, ctx)
+        decision, settled = self._final(w.event, now, ctx)
         w.row["waited_s"] = round(now - w.since, 3)
-        if decision.action == "evict" and still:
+        if settled.get("waiting_for") == "recheck":  # still nothing to re-check: wait on
+            if w.row.get("waiting_for") != "recheck":
+                w.row.update(waiting_for="recheck", reasons=[*w.row["reasons"], UNKNOWN])
+            self.waiting[job_id] = replace(w, again_at=now + CYCLE_S)
+        elif decision.action == "evict":
             self._evicted(w.event, now)
             w.row.update(_row(decision), action="evict", acted_ts=now, after=after)
         else:
-            seen = "no recent steps" if recent is None else f"+{recent:.1f}% in the newest steps"
-            recovered = f"recovered while waiting: {seen} at the {after}"
-            why = decision.reasons if decision.action != "evict" else [recovered]
-            w.row.update(action="none", reasons=[*w.row["reasons"], *why])
+            w.row.update(action="none", reasons=[*w.row["reasons"], *decision.reasons])
 
 
 def _row(decision: Decision) -> dict[str, Any]:

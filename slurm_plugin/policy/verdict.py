@@ -16,6 +16,26 @@ from slurm_plugin.policy.decide import Decision
 
 #: The re-check's answer when nothing of the node can be looked at: decide again.
 UNKNOWN = "not sure yet: no recent steps of the node to re-check; decided again next cycle"
+#: A flagged node counts as recovered when its newest steps show less than this fraction of
+#: the policy's minimum slowdown (hysteresis: flagged at the minimum, released below half).
+RECOVERED_BELOW = 0.5
+
+
+def recheck(node: str, slowdown_pct: float | None, min_slowdown_pct: float) -> str | None:
+    """The re-check's fact from ``node``'s slowdown over its peers in the newest steps (None:
+    nothing to look at): :data:`UNKNOWN`, why it recovered, or None while it is still slow.
+    Half the minimum, not the minimum itself: the re-check is a robust median over few steps
+    and the detection a mean over the shift, so a node slowed by about the minimum would flip
+    between the two; a burst that is over shows ~0 %. The service and the backtest both."""
+    if slowdown_pct is None:
+        return UNKNOWN
+    release = min_slowdown_pct * RECOVERED_BELOW
+    if slowdown_pct < release:
+        return (
+            f"recovered, not evicted: {node} is {slowdown_pct:+.1f}% over its peers in the "
+            f"newest steps (recovered below {release:g}%, half the policy's minimum)"
+        )
+    return None
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,9 @@ import structlog
 from slurm_plugin.detection import Detector, StragglerEvent
 from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.policy.schema import Policy
-from slurm_plugin.policy.verdict import UNKNOWN
+from slurm_plugin.policy.verdict import RECOVERED_BELOW, recheck
 
 log = structlog.get_logger(__name__)
-
-#: A flagged node counts as recovered when its newest steps show less than this fraction of
-#: the policy's minimum slowdown (hysteresis: flagged at the minimum, released below half).
-RECOVERED_BELOW = 0.5
 
 Candidate = tuple[str, list[int]]
 
@@ -48,30 +44,18 @@ class Recheck:
         ranks: Sequence[int] = (),
         since_step: int | None = None,
     ) -> str | None:
-        """Why ``node`` is not to be evicted now: :data:`UNKNOWN` (nothing of it since
-        ``since_step``, where it was flagged: decide again later, never "recovered"), or
-        recovered (its straggling ``ranks`` are less than half the policy's minimum slower
-        than the job's median rank); None when it is still slow. Half, not the minimum itself:
-        the re-check is a robust median over few steps and the detection a mean over the
-        shift, so a node slowed by about the minimum would flip between the two; a burst that
-        is over shows ~0 %."""
+        """Why ``node`` is not to be evicted now (:func:`~slurm_plugin.policy.verdict.recheck`
+        of its straggling ``ranks`` since ``since_step``, where it was flagged); None when it
+        is still slow."""
         slowdown = self.slowdown_pct(job, node, ranks, since_step)
-        release = policy.detection.min_slowdown_pct * RECOVERED_BELOW
         log.info(
             "service.recheck",
             job_id=job.job_id,
             node=node,
             slowdown_pct=None if slowdown is None else round(slowdown, 1),
-            recovered_below_pct=release,
+            recovered_below_pct=policy.detection.min_slowdown_pct * RECOVERED_BELOW,
         )
-        if slowdown is None:
-            return UNKNOWN
-        if slowdown < release:
-            return (
-                f"recovered, not evicted: {node} is {slowdown:+.1f}% over its peers in the "
-                f"newest steps (recovered below {release:g}%, half the policy's minimum)"
-            )
-        return None
+        return recheck(node, slowdown, policy.detection.min_slowdown_pct)
 
     def slowest(
         self, job: JobInfo, candidates: Sequence[Candidate], since_step: int | None = None

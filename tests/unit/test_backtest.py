@@ -15,6 +15,8 @@ from slurm_plugin.backtest import infer_attempts, run_backtest
 from slurm_plugin.cli.main import cli
 from slurm_plugin.errors import TraceError
 from slurm_plugin.policy.schema import Policy
+from slurm_plugin.policy.verdict import UNKNOWN
+from slurm_plugin.replay import Replay
 from slurm_plugin.trace import read_trace
 from tests.scenarios.generator import JobSpec, burst, generate, step_change, write_csv
 
@@ -382,3 +384,30 @@ def test_the_what_if_report_compares_policies_over_a_directory(tmp_path: Path) -
     assert "evict" in text.output
     assert "observe" in text.output
     assert "SAVED_GPU_H" in text.output
+
+
+@pytest.mark.parametrize(("recent", "why"), [(0.0, "recovered, not evicted"), (None, UNKNOWN)])
+def test_the_backtest_takes_the_services_final_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recent: float | None, why: str
+) -> None:
+    """Issue 25 item 2: the replay's eviction goes through the service's final verdict
+    (policy/verdict.py) with the re-check on the trace: a node back to its peers' pace is not
+    evicted (the service's half-the-minimum rule); nothing to re-check waits a cycle and is
+    decided again, never read as "recovered"."""
+    large = generate(
+        JobSpec("62", 64, 2000, seed=3, compute_slow={40: step_change(0.30, 50)}, start_ts=1.7e9)
+    )
+    path = tmp_path / "t.csv"
+    write_csv([("62", large)], str(path))
+    start = float(large.ts.min()) - 1
+    _companions(path, {"62": (start, start + 10 * 3600)}, every_s=60.0)
+    monkeypatch.setattr(Replay, "_recent_slowdown_pct", lambda *_a, **_k: recent)
+    result = CliRunner().invoke(cli, ["backtest", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    detections = json.loads(result.stdout)["detections"]
+    assert [d for d in detections if d["action"] == "evict"] == []
+    held_back = [d for d in detections if any(why in r for r in d["reasons"])]
+    assert held_back, [d["reasons"] for d in detections]
+    if recent is None:  # waited on the re-check, cycle after cycle, to the trace's end
+        assert all(d["action"] == "wait" for d in held_back)
+        assert held_back[0]["waiting_for"] == "recheck"
