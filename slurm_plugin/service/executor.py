@@ -384,13 +384,25 @@ class Executor:
             log.warning("executor.mark_not_updated", job_id=job_id, error=str(exc))
 
     # -- marks ------------------------------------------------------------------------------------
-    def annotate(self, job: JobInfo, text: str) -> None:
-        """Put our mark in the job's AdminComment, keeping anyone else's text."""
+    def annotate(self, job: JobInfo, text: str) -> str:
+        """Put our mark in the job's AdminComment, keeping anyone else's text; read back:
+        "verified" when Slurm shows it, "failed" when Slurm shows something else (a timeout
+        that did not land included), "unknown" when Slurm did not answer the read."""
         own = job.admin_comment
         if own and not marks.is_ours(own, self.deployment):
             keep = own.split(" | straggler:")[0]
             text = f"{keep} | {text}"
-        self.slurm.annotate(job.job_id, text[:250])
+        wanted = text[:250]
+        try:
+            self.slurm.annotate(job.job_id, wanted)
+        except SlurmError as exc:
+            if not _timed_out(exc):
+                raise
+        try:
+            shown = self.slurm.job(job.job_id).admin_comment
+        except SlurmError:
+            return "unknown"
+        return "verified" if shown == wanted else "failed"
 
     def drain(
         self, decision_id: str, node: str, reason: str, record: dict[str, object] | None = None

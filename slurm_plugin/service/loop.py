@@ -26,7 +26,7 @@ from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy.decide import ClusterContext, JobContext, decide, is_slowdown
 from slurm_plugin.policy.history import other_jobs
 from slurm_plugin.policy.schema import Policy
-from slurm_plugin.policy.verdict import UNKNOWN, Facts, final
+from slurm_plugin.policy.verdict import Facts, final
 from slurm_plugin.service.evidence import gather_evidence
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.fence import FencedScheduler
@@ -35,9 +35,10 @@ from slurm_plugin.service.ingest import Ingest
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.node_rails import NodeRails
 from slurm_plugin.service.policies import PolicySet
-from slurm_plugin.service.record import decision_record, job_context, number
+from slurm_plugin.service.record import decision_record, job_context
+from slurm_plugin.service.resume import resume_waiting
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.service.waiting import Recheck, candidates, with_candidate
+from slurm_plugin.service.waiting import Recheck, with_candidate
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.scheduler import Scheduler
 from slurm_plugin.telemetry.store import TelemetryStore
@@ -199,7 +200,7 @@ class Service:
         for job in running.values():
             self._ingest.note_structure(job, self._detectors.values())
             if job.job_id in handled or known[job.job_id].get("waiting"):
-                self._resume_waiting(job, nodes, now, report)
+                resume_waiting(self, job, nodes, now, report)
         self._node_rails.explain_prolog_drains(nodes)
         self._node_rails.age(now, self.rails)
         waited = max((d.waiting_s() for d in self._detectors.values()), default=0.0)
@@ -402,95 +403,6 @@ class Service:
         self.metrics.actions.labels(action="evict", outcome=outcome).inc()
         return outcome
 
-    def _resume_waiting(
-        self, job: JobInfo, nodes: tuple[NodeInfo, ...], now: float, report: CycleReport
-    ) -> None:
-        decision_id = self._waiting(job)
-        if not decision_id:
-            return
-        rec = self.state.decision(decision_id)
-        ctx = self._context(job)
-        policy = self.policy_for(job)
-        waiting_for = rec.get("waiting_for")
-        if waiting_for in {"resume", "recheck"}:  # a pause or the breaker; a re-check unsure
-            if waiting_for == "resume" and (self.state.paused() or self.state.breaker()):
-                return
-            checkpointed, expired = False, True
-        else:
-            checkpointed = (ctx.last_checkpoint_ts or 0) >= (ctx.waiting_since or now)
-            expired = now - (ctx.waiting_since or now) >= policy.actions.max_wait_s
-        if not (checkpointed or expired):
-            return
-        if expired and not checkpointed and waiting_for not in {"resume", "recheck"}:
-            # No checkpoint within max_wait_s: decide on the job as if it reported none until
-            # its next one (else every report would wait max_wait_s again).
-            self.state.update_job(job.job_id, wait_expired_ts=f"{now:.3f}")
-        # Of the nodes flagged while waiting, the one slowest in the newest steps.
-        flagged_at = int(rec.get("step", "0") or 0)
-        node, ranks = self._recheck.slowest(job, candidates(rec), since_step=flagged_at)
-        if node != rec.get("node"):
-            self.state.save_decision(decision_id, {"node": node, "ranks": ranks})
-        event = StragglerEvent(
-            job_id=job.job_id,
-            node=node,
-            gpu=None,
-            ranks=ranks,
-            step=flagged_at,
-            ts=now,
-            score=0.0,
-            slowdown_pct=float(rec.get("slowdown_pct", "0")),
-            cause="compute",
-            scope="gpu",
-            since_ts=number(rec.get("since_ts")),
-            job_loss_pct=number(rec.get("job_loss_pct")),
-        )
-        past = self._node_incidents(node, job, now)
-        again = decide(
-            event,
-            job,
-            policy,
-            replace(ctx, reports_checkpoints=False, node_incidents=past),
-            self._cluster(nodes, now),
-            now,
-        )
-        reasons = again.reasons
-        if again.action == "evict":
-            recovered = self._recheck.recovered(
-                job, event.node, policy, event.ranks, since_step=flagged_at
-            )
-            if recovered == UNKNOWN:  # still nothing to re-check on: wait on
-                self.state.save_decision(decision_id, {"waiting_for": "recheck"})
-                return
-            reasons = [recovered] if recovered else reasons
-        if again.action != "evict" or reasons != again.reasons:
-            log.info(
-                "service.decision",
-                decision_id=decision_id,
-                job_id=job.job_id,
-                node=event.node,
-                action="none",
-                reasons=reasons,
-            )
-            self.state.save_decision(
-                decision_id, {"state": "recorded", "decision": "none", "reasons": reasons}
-            )
-            self.state.update_job(job.job_id, waiting="", waiting_since="")
-            return
-        after = (
-            "resume"
-            if rec.get("waiting_for") == "resume"
-            else ("checkpoint" if checkpointed else "max wait")
-        )
-        mark = marks.reason(
-            f"compute {event.node}",
-            f"+{event.slowdown_pct:.1f}% evict",
-            decision_id,
-            self.executor.deployment or "",
-        )
-        self._annotate(job, mark, policy)  # our mark on the job before we hold it
-        outcome = self._evict(decision_id, job, event.node, {"after": after}, now)
-        report.decisions.append({"id": decision_id, "action": "evict", "outcome": outcome})
-
     def _annotate(self, job: JobInfo, text: str, policy: Policy) -> None:
         if (
             self.dry_run
@@ -500,9 +412,14 @@ class Service:
             log.info("service.notify", job_id=job.job_id, text=text, notify=policy.actions.notify)
             return
         try:
-            self.executor.annotate(job, text)
+            outcome = self.executor.annotate(job, text)
         except StragglerError as exc:
-            log.warning("service.annotate_failed", job_id=job.job_id, error=str(exc))
+            outcome = f"failed: {exc}"
+        if outcome != "verified":  # read back: the decision says its mark is not on the job
+            log.warning("service.annotate_unconfirmed", job_id=job.job_id, outcome=outcome)
+            decision_id = marks.decision_of(text)
+            if decision_id is not None:
+                self.state.save_decision(decision_id, {"annotated": outcome[:200]})
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, *, once: bool = False, stop: threading.Event | None = None) -> CycleReport:

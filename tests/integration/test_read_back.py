@@ -64,6 +64,9 @@ class Flaky(FakeScheduler):
     def release(self, job_id: str) -> None:
         self._flaky("release", lambda: super(Flaky, self).release(job_id))
 
+    def annotate(self, job_id: str, text: str) -> None:
+        self._flaky("annotate", lambda: super(Flaky, self).annotate(job_id, text))
+
 
 @pytest.fixture
 def setup(private_redis: RedisServer) -> Iterator[tuple[Executor, Flaky, ServiceState, FakeClock]]:
@@ -260,3 +263,21 @@ def test_a_release_that_landed_never_lifts_the_hold_its_user_put_after(
     decision = state.decision("d-00000000cafe")
     assert decision["state"] == "verified", decision
     assert "not ours to release" in decision["verified"]
+
+
+@pytest.mark.parametrize(
+    ("effect", "outcome"),
+    [("", "verified"), ("lands", "verified"), ("lost", "failed"), ("nothing", "failed")],
+)
+def test_a_mark_is_read_back_from_slurm(
+    setup: tuple[Executor, Flaky, ServiceState, FakeClock], effect: str, outcome: str
+) -> None:
+    """Issue 25 item 3: an annotation is what Slurm shows afterwards, a timeout that landed
+    included; one that did not land, or did nothing, is "failed", never taken for done."""
+    executor, slurm, _state, clock = setup
+    slurm.job_table["45"] = running_job(clock, "45")
+    slurm.effect["annotate"] = effect
+    text = marks.reason("compute node3", "+40.0% annotate", "d-0000000000aa", "aaaa")
+    assert executor.annotate(slurm.job_table["45"], text) == outcome
+    slurm.fail["job"] = _timeout()
+    assert executor.annotate(slurm.job_table["45"], text) == "unknown"  # Slurm did not answer
