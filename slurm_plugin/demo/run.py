@@ -18,7 +18,7 @@ import redis
 from slurm_plugin.config import Settings
 from slurm_plugin.demo.slowdown import CpuQuota
 from slurm_plugin.devcluster import DevCluster
-from slurm_plugin.errors import DevClusterError, StragglerError
+from slurm_plugin.errors import CommandTimeoutError, DevClusterError, StragglerError
 from slurm_plugin.model.records import StepRecord
 from slurm_plugin.service.record import number_or
 from slurm_plugin.service.state import ServiceState
@@ -108,11 +108,9 @@ def run_scenario(
         deadline = time.time() + timeout_s
         last_line = ""
         while time.time() < deadline:
-            record = parse_scontrol_record(
-                run_command(
-                    ["scontrol", "-o", "show", "job", run.job_id], timeout_s=15, env=env
-                ).stdout
-            )
+            record = _show_job(run.job_id, env, say)
+            if record is None:
+                continue
             step = _max_step(store, run.job_id)
             if run.onset_ts is None and step >= slow_at:
                 moved = quota.apply()
@@ -165,6 +163,18 @@ def _collect(
     run.decisions = state.job_decisions(run.job_id)
     run.audit = state.audit(job_id=run.job_id)
     run.output = (work / "job.log").read_text() if (work / "job.log").exists() else ""
+
+
+def _show_job(
+    job_id: str, env: dict[str, str], say: Callable[[str], None]
+) -> dict[str, str] | None:
+    """The job as scontrol shows it; None when a busy controller did not answer in time."""
+    try:
+        shown = run_command(["scontrol", "-o", "show", "job", job_id], timeout_s=15, env=env)
+    except CommandTimeoutError:
+        say("scontrol did not answer within 15 s; asking again")
+        return None
+    return parse_scontrol_record(shown.stdout)
 
 
 def _cluster_view(env: dict[str, str]) -> str:
