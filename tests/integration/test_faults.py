@@ -75,7 +75,7 @@ class Faults:
         return (self.directory / "fired").exists()
 
     def calls_after(self, word: str) -> int:
-        """scontrol calls made after the first ``word`` call."""
+        """Slurm calls (scontrol's, squeue's) made after the first ``word`` call."""
         log = self.directory / "calls.log"
         words = [line.split()[:1] for line in log.read_text().splitlines()] if log.exists() else []
         return len(words) - 1 - words.index([word]) if [word] in words else 0
@@ -94,6 +94,14 @@ def faults(tmp_path: Path) -> Iterator[Faults]:
         real = shutil.which(name)
         assert real is not None, name
         (directory / name).symlink_to(real)
+    # squeue is logged too: on Slurm 22.05 the service reads a job with it, and its first read
+    # after a fault can be the only call it makes to a dead controller.
+    (directory / "squeue").unlink()
+    (directory / "squeue").write_text(
+        f'#!/bin/sh\necho "squeue $*" >> "{directory / "calls.log"}"\n'
+        f'exec "{shutil.which("squeue")}" "$@"\n'
+    )
+    (directory / "squeue").chmod(0o755)
     yield Faults(directory)
     # A wrapper still sleeping in its fault would run its scontrol after the test's clean-up
     # (a requeuehold of a cancelled job): stop them first.
