@@ -265,11 +265,15 @@ def test_slurmctld_restarted_during_an_eviction(
     faults.arm("requeuehold", "after", stop)
     service = services.start()
     job = _submit(slurm, job_dir, "evict")
-    wait_for(lambda: faults.fired, 90, "slurmctld to be killed")
-    # The observable event: the service's next Slurm call, made to the dead controller (an
-    # outage far longer than that drains the job's nodes with "Kill task failed").
-    wait_for(lambda: faults.calls_after("requeuehold") >= 1, 30, "a call to the dead controller")
-    cluster.up()
+    try:
+        wait_for(lambda: faults.fired, 90, "slurmctld to be killed")
+        # The observable event: the service's next Slurm call, made to the dead controller (an
+        # outage far longer than that drains the job's nodes with "Kill task failed").
+        wait_for(
+            lambda: faults.calls_after("requeuehold") >= 1, 30, "a call to the dead controller"
+        )
+    finally:  # never leave the next tests without a controller (nor this job running)
+        cluster.up()
     assert_clean_outcome(slurm, state, job, faults)
     assert service.poll() is None, "the service died"
 
