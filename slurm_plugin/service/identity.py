@@ -114,6 +114,9 @@ class Identities:
         self.state = state
         self.store = store
         self.tokens: dict[str, str] = {}
+        #: Each checked job's service state as it stands after the check (the cycle reads its
+        #: cursors and waiting decision from it: one read of every job's state a cycle).
+        self.states: dict[str, dict[str, str]] = {}
 
     def check(self, jobs: Iterable[JobInfo]) -> list[str]:
         """Record or update each job's identity; returns the ids Slurm now gives another job
@@ -122,13 +125,14 @@ class Identities:
         self.tokens = {}
         listed = list(jobs)
         states = self.state.jobs([job.job_id for job in listed])  # one round trip for all
+        self.states = {}
         for job in listed:
             kept = states[job.job_id]
             known = Known.of(kept)
             if known is not None and not same_job(known, job):
-                self._forget(job, kept)
+                kept = self._forget(job, kept)
                 reused.append(job.job_id)
-                known, kept = None, {}
+                known = None
             fields = fields_of(job, known)
             if known is None and job.restarts > 0 and not _number(kept.get("evictions")):
                 # First seen already requeued: Redis lost what we did (restarted empty) or
@@ -139,6 +143,7 @@ class Identities:
                 )
             if known is None or any(kept.get(k) != v for k, v in fields.items()):
                 self.state.update_job(job.job_id, **fields)
+            self.states[job.job_id] = {**kept, **fields}
             self.tokens[job.job_id] = token(job.job_id, _number(fields["identity_first_submit_ts"]))
         return reused
 
@@ -146,7 +151,8 @@ class Identities:
         """The job's name in node history (its id until checked)."""
         return self.tokens.get(job.job_id, job.job_id)
 
-    def _forget(self, job: JobInfo, kept: Mapping[str, str]) -> None:
+    def _forget(self, job: JobInfo, kept: Mapping[str, str]) -> dict[str, str]:
+        """Close and drop the earlier job's state; the state the id starts with now."""
         now = describe(job)
         why = f"job id {job.job_id} is now another job ({now}): nothing more is done for it"
         for decision in self.state.job_decisions(job.job_id):
@@ -157,12 +163,12 @@ class Identities:
         # cursors start at the streams' ends now (the new job's first seconds may go too).
         steps = self.store.steps_mark(job.job_id)
         events = self.store.stream_mark(keys.job_events(job.job_id))
-        self.state.update_job(
-            job.job_id,
-            steps_cursor=steps.last_id if steps else "0-0",
-            steps_read=str(steps.added if steps else 0),
-            events_cursor=events.last_id if events else "0-0",
-        )
+        fresh = {
+            "steps_cursor": steps.last_id if steps else "0-0",
+            "steps_read": str(steps.added if steps else 0),
+            "events_cursor": events.last_id if events else "0-0",
+        }
+        self.state.update_job(job.job_id, **fresh)
         log.warning(
             "service.job_id_reused",
             job_id=job.job_id,
@@ -170,3 +176,4 @@ class Identities:
             was_submitted=kept.get("identity_submit_ts"),
             now=now,
         )
+        return fresh

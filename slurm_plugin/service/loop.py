@@ -172,8 +172,9 @@ class Service:
         running = {j.job_id: j for j in jobs if j.running}
         nodes = tuple(self.slurm.nodes())
         self._forget_jobs(running)
-        # Every running job's state, registration and new telemetry in a few round trips.
-        known = self.state.jobs(list(running))
+        # Every running job's state (as the identity check read and left it), registration
+        # and new telemetry in a few round trips.
+        known = self._identities.states
         self._policies.prefetch(list(running))
         watched = []
         for job in running.values():
