@@ -13,7 +13,7 @@ import structlog
 from slurm_plugin.detection import StragglerEvent
 from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy.decide import decide
-from slurm_plugin.policy.verdict import UNKNOWN
+from slurm_plugin.policy.verdict import Facts, final
 from slurm_plugin.service.record import number
 from slurm_plugin.service.waiting import candidates
 from slurm_plugin.slurm import marks
@@ -75,26 +75,26 @@ def resume_waiting(
         svc._cluster(nodes, now),
         now,
     )
-    reasons = again.reasons
-    if again.action == "evict":
-        recovered = svc._recheck.recovered(
-            job, event.node, policy, event.ranks, since_step=flagged_at
-        )
-        if recovered == UNKNOWN:  # still nothing to re-check on: wait on
-            svc.state.save_decision(decision_id, {"waiting_for": "recheck"})
-            return
-        reasons = [recovered] if recovered else reasons
-    if again.action != "evict" or reasons != again.reasons:
+    recovered = (
+        svc._recheck.recovered(job, event.node, policy, event.ranks, since_step=flagged_at)
+        if again.action == "evict"
+        else None
+    )
+    again, settled = final(again, Facts(recheck=recovered))  # the verdict, as in _handle
+    if settled.get("waiting_for") == "recheck":  # still nothing to re-check on: wait on
+        svc.state.save_decision(decision_id, {"waiting_for": "recheck"})
+        return
+    if again.action != "evict":
         log.info(
             "service.decision",
             decision_id=decision_id,
             job_id=job.job_id,
             node=event.node,
             action="none",
-            reasons=reasons,
+            reasons=again.reasons,
         )
         svc.state.save_decision(
-            decision_id, {"state": "recorded", "decision": "none", "reasons": reasons}
+            decision_id, {"state": "recorded", "decision": "none", "reasons": again.reasons}
         )
         svc.state.update_job(job.job_id, waiting="", waiting_since="")
         return

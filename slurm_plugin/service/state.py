@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, cast
 
@@ -186,18 +186,20 @@ class ServiceState:
 
     def jobs(self, job_ids: Sequence[str]) -> dict[str, dict[str, str]]:
         """The service's state for many jobs, in one round trip."""
+        return self._hashes(job_ids, keys.job_service)
+
+    def _hashes(
+        self, job_ids: Sequence[str], key: Callable[[str], str]
+    ) -> dict[str, dict[str, str]]:
+        """Per job, the hash at ``key(job_id)``, in one round trip."""
         pipe = self.client.pipeline(transaction=False)
         for job_id in job_ids:
-            pipe.hgetall(keys.job_service(job_id))
+            pipe.hgetall(key(job_id))
         return dict(zip(job_ids, cast("list[dict[str, str]]", pipe.execute()), strict=True))
 
     def update_job(self, job_id: str, **fields: Any) -> None:
         """Merge fields into the job's service state."""
-        key = keys.job_service(job_id)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
-        pipe.expire(key, keys.JOB_TTL_ACTIVE_S)
-        pipe.execute()
+        self.update_jobs({job_id: fields})
 
     def update_jobs(self, updates: Mapping[str, Mapping[str, Any]]) -> None:
         """:meth:`update_job` of many jobs, in one round trip."""
@@ -212,10 +214,7 @@ class ServiceState:
 
     def job_metas(self, job_ids: Sequence[str]) -> dict[str, dict[str, str]]:
         """:meth:`job_meta` of many jobs, in one round trip."""
-        pipe = self.client.pipeline(transaction=False)
-        for job_id in job_ids:
-            pipe.hgetall(keys.job_meta(job_id))
-        return dict(zip(job_ids, cast("list[dict[str, str]]", pipe.execute()), strict=True))
+        return self._hashes(job_ids, keys.job_meta)
 
     def forget_job(self, job_id: str) -> None:
         """Drop the service's state for a job id (Slurm gave it to another job): counts,
