@@ -236,14 +236,15 @@ class Replay:
         ``now`` (and before the job's records end)."""
         for job_id in list(self.waiting):
             w = self.waiting[job_id]
-            checkpoints = self.context.checkpoints(job_id)
-            after = checkpoints[bisect.bisect_right(checkpoints, w.since) :]
-            due = min(after[0] if after else np.inf, w.since + self.policy.actions.max_wait_s)
-            if w.again_at is not None:
-                due = w.again_at
-            if due <= min(now, self.last_ts[job_id]):
+            if w.again_at is not None:  # a re-check that had nothing to look at, again
+                due, how = w.again_at, "recheck"
+            else:
+                checkpoints = self.context.checkpoints(job_id)
+                after = checkpoints[bisect.bisect_right(checkpoints, w.since) :]
+                due = min(after[0] if after else np.inf, w.since + self.policy.actions.max_wait_s)
                 how = "checkpoint" if after and after[0] == due else "max wait"
-                self._resolve(job_id, w, float(due), "recheck" if w.again_at else how)
+            if due <= min(now, self.last_ts[job_id]):
+                self._resolve(job_id, w, float(due), how)
 
     def _resolve(self, job_id: str, w: _Waiting, now: float, after: str) -> None:
         del self.waiting[job_id]

@@ -378,9 +378,8 @@ def _text(value: bytes | str) -> str:
 
 def _fields_text(values: Mapping[Any, Any]) -> dict[str, str]:
     """An entry's fields as text: as they are from a client that decodes (the service's)."""
-    for key in values:
-        return dict(values) if isinstance(key, str) else to_text(values)
-    return {}
+    first = next(iter(values), None)
+    return dict(values) if isinstance(first, str) else to_text(values)
 
 
 def entries_page(raw: Raw, after: str, until: str = "+", seen: Seen | None = None) -> EntriesPage:

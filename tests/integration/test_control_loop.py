@@ -32,6 +32,9 @@ from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.conftest import RedisServer, acl_users, copy_policies, wait_for
 
 NODES = [NodeInfo(f"node{i}", "idle", (), "", ("debug",)) for i in range(1, 5)]
+#: The Slurm changes of one eviction: our mark, requeuehold, exclusion, release, the mark
+#: now "evicted".
+EVICTION = ["annotate", "requeue_hold", "set_excluded", "release", "annotate"]
 
 
 def running_job(
@@ -150,13 +153,7 @@ def test_the_loop_evicts_a_real_straggler(make_loop: Callable[..., Loop]) -> Non
         clock.advance(1)
         if slurm.changes:
             break
-    assert [c[0] for c in slurm.changes] == [
-        "annotate",
-        "requeue_hold",
-        "set_excluded",
-        "release",
-        "annotate",
-    ]  # the mark: evicted
+    assert [c[0] for c in slurm.changes] == EVICTION
     job = slurm.job_table["5"]
     assert (job.excluded, job.restarts, "node3" in job.nodes) == (("node3",), 1, False)
     (decision,) = loop.state.job_decisions("5")
@@ -264,13 +261,7 @@ def test_one_waiting_decision_and_max_wait_is_honoured(make_loop: Callable[..., 
     ), decision
     assert all(d["state"] == "recorded" for d in decisions if d is not decision), decisions
     # Our mark (with the decision id) goes on the job before it is held.
-    assert [c[0] for c in slurm.changes] == [
-        "annotate",
-        "requeue_hold",
-        "set_excluded",
-        "release",
-        "annotate",
-    ]
+    assert [c[0] for c in slurm.changes] == EVICTION
     assert decision["id"] in slurm.changes[0][2]
     assert loop.state.job("5")["evictions"] == "1"
     assert loop.state.open_decisions() == []
