@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import replace
 from typing import Any
@@ -82,7 +83,13 @@ def _number(value: Any) -> float | None:
         if not value.get("set", True) or value.get("infinite"):
             return None
         value = value.get("number")
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past any float
+        return None
+    return number if math.isfinite(number) else None  # JSON's Infinity is no count
 
 
 def _text(value: Any) -> str:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from slurm_plugin.errors import SlurmError
-from slurm_plugin.slurm.parsers import collect_hostlist, expand_hostlist, parse_scontrol_record
+from slurm_plugin.slurm.parsers import (
+    collect_hostlist,
+    expand_hostlist,
+    parse_scontrol_record,
+    parse_squeue_json,
+)
 
 # Captured from `scontrol -o show job` on the dev cluster (Slurm 22.05.8), shortened.
 JOB_LINE = (
@@ -42,3 +49,22 @@ def test_hostlists() -> None:
     assert collect_hostlist(["node1", "node2", "node4"]) == "node[1-2,4]"
     with pytest.raises(SlurmError, match="bad hostlist"):
         expand_hostlist("node[3-")
+
+
+def test_a_count_that_is_no_finite_number_is_no_count() -> None:
+    """JSON's Infinity and NaN, or an integer past any float, in a count (the fuzz test found
+    int(inf) raising OverflowError): read as unset, never a crash of the cycle."""
+    text = json.dumps(
+        {
+            "jobs": [
+                {
+                    "job_id": 1,
+                    "restart_cnt": float("inf"),
+                    "node_count": 10**400,
+                    "priority": float("nan"),
+                }
+            ]
+        }
+    )
+    (job,) = parse_squeue_json(text)
+    assert (job.restarts, job.node_count, job.priority) == (0, 0, None)
