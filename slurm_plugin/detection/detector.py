@@ -44,6 +44,8 @@ class _JobState:
     rank_node: dict[int, str] = field(default_factory=dict)
     rank_gpu: dict[int, int] = field(default_factory=dict)
     rank_group: dict[int, str] = field(default_factory=dict)
+    #: How many ranks were bound when ``detector`` was built.
+    built_with: int = 0
 
 
 class Detector:
@@ -241,7 +243,10 @@ class Detector:
     def _detector(self, state: _JobState) -> JobDetector:
         world = max(state.rank_node) + 1
         det = state.detector
-        if det is None or det.world < world:
+        # Rebuilt whenever a rank is bound: one missing from the first records (rank 4 of
+        # 0-5) held a place on the first node, and kept it once its records came, so its
+        # slowness was blamed on a node it never ran on.
+        if det is None or state.built_with < len(state.rank_node):
             names = sorted(set(state.rank_node.values()))
             index = {name: i for i, name in enumerate(names)}
             rank_node = np.zeros(world, dtype=np.int64)
@@ -265,6 +270,7 @@ class Detector:
             if det is not None:  # a rank appeared late: keep the warm-up and the structure
                 fresh.adopt(det)
             state.detector = det = fresh
+            state.built_with = len(state.rank_node)
         return det
 
     @staticmethod

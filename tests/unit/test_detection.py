@@ -470,3 +470,21 @@ def test_a_deadline_takes_the_oldest_job_first() -> None:
     assert [j for j, s in det._jobs.items() if not s.pending] == ["2"]
     det.advance(deadline=0.0)
     assert sorted(j for j, s in det._jobs.items() if not s.pending) == ["1", "2"]
+
+
+def test_a_rank_whose_first_records_come_late_is_placed_on_its_own_node() -> None:
+    """The first records of a job lack one rank (the slow one, on the last node). Once its
+    records come, its slowness is blamed on its node, never on the node whose place it held
+    (the dev cluster's service evicted node1 for node3's rank 4 this way)."""
+    spec = JobSpec(
+        "19", 24, 400, nodes=["n1", "n2", "n3"], seed=4, compute_slow={20: step_change(0.5, 0)}
+    )
+    batch = generate(spec)
+    det = Detector()
+    early = batch.step < 5
+    det.add("19", batch.take(early & (batch.rank != 20)))
+    collected = list(det.advance())
+    det.add("19", batch.take(~early | (batch.rank == 20)))
+    events = _stragglers([*collected, *det.advance(final=True)])
+    assert events, "the slow rank was not found"
+    assert {e.node for e in events} == {"n3"}, events
