@@ -16,7 +16,8 @@ two jobs there.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import structlog
@@ -24,6 +25,7 @@ import structlog
 from slurm_plugin.model import keys
 from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.service.state import OPEN_STATES, ServiceState
+from slurm_plugin.slurm import marks
 from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)
@@ -110,9 +112,17 @@ class Identities:
     """Each cycle, the jobs Slurm lists checked against what the service keeps under their
     ids; the state of an earlier job with the same id is closed and forgotten, never used."""
 
-    def __init__(self, state: ServiceState, store: TelemetryStore) -> None:
+    def __init__(
+        self,
+        state: ServiceState,
+        store: TelemetryStore,
+        deployment: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.state = state
         self.store = store
+        self.deployment = deployment
+        self.clock = clock
         self.tokens: dict[str, str] = {}
         #: Each checked job's service state as it stands after the check (the cycle reads its
         #: cursors and waiting decision from it: one read of every job's state a cycle).
@@ -141,11 +151,33 @@ class Identities:
                 log.warning(
                     "service.evictions_from_slurm", job_id=job.job_id, restarts=job.restarts
                 )
+                fields.update(self._restore_budget(job))
             if known is None or any(kept.get(k) != v for k, v in fields.items()):
                 self.state.update_job(job.job_id, **fields)
             self.states[job.job_id] = {**kept, **fields}
             self.tokens[job.job_id] = token(job.job_id, _number(fields["identity_first_submit_ts"]))
         return reused
+
+    def _restore_budget(self, job: JobInfo) -> dict[str, str]:
+        """A job first seen requeued with our eviction mark: Redis lost that eviction (it
+        restarted empty). It goes back into the hourly budget, dated by Slurm's SubmitTime
+        (which a requeue moves to the requeue's time), and starts the job's cooldown; the
+        fields to keep for the job."""
+        mark = job.admin_comment.rsplit(" | ", 1)[-1]
+        ours = marks.decision_of(mark, self.deployment)
+        if ours is None or (" evict [" not in mark and " evicted [" not in mark):
+            return {}
+        now = self.clock()
+        when = min(now, job.submit_time) if job.submit_time is not None else now
+        if self.state.restore_eviction(ours, when, now):
+            log.warning(
+                "service.eviction_restored",
+                job_id=job.job_id,
+                decision_id=ours,
+                at=round(when),
+                why="Redis did not know it: counted in the hourly budget from Slurm's mark",
+            )
+        return {"last_eviction_ts": f"{when:.3f}"}
 
     def token(self, job: JobInfo) -> str:
         """The job's name in node history (its id until checked)."""

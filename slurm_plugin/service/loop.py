@@ -108,7 +108,7 @@ class Service:
         self._policies = PolicySet(settings, state)
         self._detectors: dict[tuple[str, DetectionParams], Detector] = {}
         self._ingest = Ingest(state, store, self.metrics)
-        self._identities = Identities(state, store)
+        self._identities = Identities(state, store, settings.deployment, clock)
         self._job_policy: dict[str, tuple[str, DetectionParams]] = {}
         self._node_rails = NodeRails(state, self.executor, dry_run=dry_run)
         self._recheck = Recheck(self._detector_of)

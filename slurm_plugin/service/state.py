@@ -179,6 +179,13 @@ class ServiceState:
         """Evictions (jobs requeue-held by us) since ``since``, for the hourly budget."""
         return int(self.client.zcount(keys.EVICTIONS, since, "+inf"))
 
+    def restore_eviction(self, decision_id: str, when: float, now: float) -> bool:
+        """Count an eviction Redis lost (Slurm still shows its mark) in the hourly budget
+        from ``when``; False when it is counted already or too old to matter."""
+        if when < now - keys.EVICTIONS_KEEP_S:
+            return False
+        return bool(self.client.zadd(keys.EVICTIONS, {decision_id: when}, nx=True))
+
     # -- per-job state -------------------------------------------------------------------------
     def job(self, job_id: str) -> dict[str, str]:
         """The service's state for a job (cursors, evictions...)."""

@@ -18,6 +18,7 @@ from slurm_plugin.errors import CommandTimeoutError, SlurmError
 from slurm_plugin.health.hook import HookResult, _redis_prolog
 from slurm_plugin.model import keys
 from slurm_plugin.model.cluster import REQUEUE_HELD, JobInfo
+from slurm_plugin.policy.rails import SafetyPolicy
 from slurm_plugin.service.identity import Known, fields_of, same_job, token
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.telemetry import credentials
@@ -152,6 +153,48 @@ def test_redis_that_forgot_is_bounded_by_slurms_restarts(make_loop: Callable[...
     assert loop.state.job("5")["evictions"] == "2"
     reasons = " ".join(d.get("reasons", "") for d in loop.state.job_decisions("5"))
     assert "already evicted 2 times (max 2)" in reasons, reasons
+
+
+def test_redis_that_forgot_an_eviction_still_counts_it_in_the_hourly_budget(
+    make_loop: Callable[..., Loop],
+) -> None:
+    """Redis restarted empty forgot an eviction of 10 minutes ago; Slurm still shows our mark
+    on the requeued job and its SubmitTime (moved by the requeue). With a budget of one an
+    hour, another job's straggler is not evicted; an eviction of our mark 2 hours ago is
+    restored but outside the hour, another deployment's is not ours to count."""
+    clock = FakeClock()
+    ours = "straggler: compute node4 +40.0% evicted [d-0123456789ab@a-site]"
+    recent = replace(
+        running_job(clock, job_id="6", nodes=("node4", "node5", "node6")),
+        submit_time=clock() - 600,
+        restarts=1,
+        admin_comment=f"note | {ours}",
+    )
+    old = replace(
+        recent,
+        job_id="7",
+        submit_time=clock() - 7200,
+        admin_comment=ours.replace("0123456789ab", "0123456789ac"),
+    )
+    theirs = replace(
+        recent, job_id="8", admin_comment=ours.replace("@a-site", "@b-site").replace("ab@", "ad@")
+    )
+    job = running_job(clock)
+    slurm = FakeScheduler([job, recent, old, theirs], NODES)
+    safety = SafetyPolicy(max_evictions_per_hour=1)
+    loop = make_loop(slurm, clock, "a", deployment_id="a-site", safety=safety)
+    with capture_logs() as logs:
+        for cycle in range(20):
+            publish(loop, slurm.job_table["5"], range(cycle * 10, cycle * 10 + 10), {"node3": 2.0})
+            loop.service.cycle()
+            clock.advance(1)
+    restored = [e for e in logs if e["event"] == "service.eviction_restored"]
+    assert sorted(e["decision_id"] for e in restored) == ["d-0123456789ab", "d-0123456789ac"]
+    assert loop.state.evictions_since(clock() - 3600) == 1  # not the other deployment's
+    assert [c for c in slurm.changes if c[0] == "requeue_hold"] == []
+    reasons = " ".join(d.get("reasons", "") for d in loop.state.job_decisions("5"))
+    assert "eviction budget spent (1 in the last hour)" in reasons, reasons
+    assert float(loop.state.job("6")["last_eviction_ts"]) == pytest.approx(recent.submit_time)
 
 
 def test_a_credential_is_never_handed_to_another_user(private_redis: RedisServer) -> None:
