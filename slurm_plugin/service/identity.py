@@ -123,6 +123,7 @@ class Identities:
         self.store = store
         self.deployment = deployment
         self.clock = clock
+        self._restored: set[str] = set()  # eviction marks checked against the budget
         self.tokens: dict[str, str] = {}
         #: Each checked job's service state as it stands after the check (the cycle reads its
         #: cursors and waiting decision from it: one read of every job's state a cycle).
@@ -169,7 +170,7 @@ class Identities:
             return {}
         now = self.clock()
         when = min(now, job.submit_time) if job.submit_time is not None else now
-        if self.state.restore_eviction(ours, when, now):
+        if ours not in self._restored and self.state.restore_eviction(ours, when, now):
             log.warning(
                 "service.eviction_restored",
                 job_id=job.job_id,
@@ -177,7 +178,15 @@ class Identities:
                 at=round(when),
                 why="Redis did not know it: counted in the hourly budget from Slurm's mark",
             )
+        self._restored.add(ours)
         return {"last_eviction_ts": f"{when:.3f}"}
+
+    def restore_waiting(self, jobs: Iterable[JobInfo]) -> None:
+        """:meth:`_restore_budget` for jobs requeued and not running yet (pending, held):
+        :meth:`check` sees a job only once it runs again."""
+        for job in jobs:
+            if not job.running and job.restarts > 0 and marks.PREFIX in job.admin_comment:
+                self._restore_budget(job)
 
     def token(self, job: JobInfo) -> str:
         """The job's name in node history (its id until checked)."""

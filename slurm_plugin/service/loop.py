@@ -170,6 +170,7 @@ class Service:
         if self.settings.job_credentials:  # only from Slurm's answer: silence revokes nothing
             self._ingest.sweep_credentials({j.job_id for j in jobs}, self.clock())
         running = {j.job_id: j for j in jobs if j.running}
+        self._identities.restore_waiting(jobs)
         nodes = tuple(self.slurm.nodes())
         self._forget_jobs(running)
         # Every running job's state (as the identity check read and left it), registration

@@ -158,10 +158,11 @@ def test_redis_that_forgot_is_bounded_by_slurms_restarts(make_loop: Callable[...
 def test_redis_that_forgot_an_eviction_still_counts_it_in_the_hourly_budget(
     make_loop: Callable[..., Loop],
 ) -> None:
-    """Redis restarted empty forgot an eviction of 10 minutes ago; Slurm still shows our mark
-    on the requeued job and its SubmitTime (moved by the requeue). With a budget of one an
-    hour, another job's straggler is not evicted; an eviction of our mark 2 hours ago is
-    restored but outside the hour, another deployment's is not ours to count."""
+    """Redis restarted empty forgot two evictions of the last 10 minutes; Slurm still shows
+    our mark on the requeued jobs (one running again, one still pending) and their SubmitTime
+    (moved by the requeue). With a budget of two an hour, another job's straggler is not
+    evicted; our eviction 2 hours ago is restored but outside the hour, and another
+    deployment's is not ours to count."""
     clock = FakeClock()
     ours = "straggler: compute node4 +40.0% evicted [d-0123456789ab@a-site]"
     recent = replace(
@@ -179,9 +180,16 @@ def test_redis_that_forgot_an_eviction_still_counts_it_in_the_hourly_budget(
     theirs = replace(
         recent, job_id="8", admin_comment=ours.replace("@a-site", "@b-site").replace("ab@", "ad@")
     )
+    pending = replace(  # requeued 5 minutes ago, not running yet
+        recent,
+        job_id="9",
+        state="PENDING",
+        submit_time=clock() - 300,
+        admin_comment=ours.replace("0123456789ab", "0123456789ae"),
+    )
     job = running_job(clock)
-    slurm = FakeScheduler([job, recent, old, theirs], NODES)
-    safety = SafetyPolicy(max_evictions_per_hour=1)
+    slurm = FakeScheduler([job, recent, old, theirs, pending], NODES)
+    safety = SafetyPolicy(max_evictions_per_hour=2)
     loop = make_loop(slurm, clock, "a", deployment_id="a-site", safety=safety)
     with capture_logs() as logs:
         for cycle in range(20):
@@ -189,11 +197,15 @@ def test_redis_that_forgot_an_eviction_still_counts_it_in_the_hourly_budget(
             loop.service.cycle()
             clock.advance(1)
     restored = [e for e in logs if e["event"] == "service.eviction_restored"]
-    assert sorted(e["decision_id"] for e in restored) == ["d-0123456789ab", "d-0123456789ac"]
-    assert loop.state.evictions_since(clock() - 3600) == 1  # not the other deployment's
+    assert sorted(e["decision_id"] for e in restored) == [
+        "d-0123456789ab",
+        "d-0123456789ac",
+        "d-0123456789ae",
+    ]
+    assert loop.state.evictions_since(clock() - 3600) == 2  # not the other deployment's
     assert [c for c in slurm.changes if c[0] == "requeue_hold"] == []
     reasons = " ".join(d.get("reasons", "") for d in loop.state.job_decisions("5"))
-    assert "eviction budget spent (1 in the last hour)" in reasons, reasons
+    assert "eviction budget spent (2 in the last hour)" in reasons, reasons
     assert float(loop.state.job("6")["last_eviction_ts"]) == pytest.approx(recent.submit_time)
 
 
