@@ -283,7 +283,7 @@ class Service:
                 decision_id,
                 {**base, "state": "recorded", "action": "report", "details": event.to_dict()},
             )
-            self._annotate(job, text, policy)
+            self._annotated(decision_id, job, text, policy)
             return {"id": decision_id, "action": "report", "kind": event.kind}
         gpus = [event.gpu] if event.scope == "gpu" and event.gpu is not None else []
         evidence, reported = gather_evidence(
@@ -334,7 +334,7 @@ class Service:
         )
         if decision.action == "evict":
             self._close_waiting(job, f"superseded by {decision_id}")
-            self._annotate(job, mark, policy)
+            record.update(self._annotate(job, mark, policy))  # saved with the eviction
             outcome = self._evict(decision_id, job, event.node, record, now)
             self.metrics.decision_seconds.observe(max(0.0, self.clock() - event.ts))
             return {"id": decision_id, "action": "evict", "outcome": outcome}
@@ -352,13 +352,13 @@ class Service:
             )
             self.state.update_job(job.job_id, waiting=decision_id, waiting_since=f"{now:.3f}")
             if decision.on_hold:
-                self._annotate(job, mark, policy)
+                self._annotated(decision_id, job, mark, policy)
             return {"id": decision_id, "action": "wait", "reasons": decision.reasons}
         self.state.save_decision(
             decision_id, {**record, "state": "recorded", "action": decision.action}
         )
         if decision.action == "annotate":
-            self._annotate(job, mark, policy)
+            self._annotated(decision_id, job, mark, policy)
         return {"id": decision_id, "action": decision.action, "reasons": decision.reasons}
 
     def _node_incidents(self, node: str, job: JobInfo, now: float) -> int:
@@ -405,23 +405,31 @@ class Service:
         self.metrics.actions.labels(action="evict", outcome=outcome).inc()
         return outcome
 
-    def _annotate(self, job: JobInfo, text: str, policy: Policy) -> None:
+    def _annotate(self, job: JobInfo, text: str, policy: Policy) -> dict[str, str]:
+        """Our mark on the job (when the policy notifies by comment), read back; the fields
+        for its decision when Slurm does not show it."""
         if (
             self.dry_run
             or policy.actions.mode in {"off", "observe"}  # observe writes nothing to Slurm
             or policy.actions.notify != "comment"
         ):
             log.info("service.notify", job_id=job.job_id, text=text, notify=policy.actions.notify)
-            return
+            return {}
         try:
             outcome = self.executor.annotate(job, text)
         except StragglerError as exc:
             outcome = f"failed: {exc}"
-        if outcome != "verified":  # read back: the decision says its mark is not on the job
-            log.warning("service.annotate_unconfirmed", job_id=job.job_id, outcome=outcome)
-            decision_id = marks.decision_of(text)
-            if decision_id is not None:
-                self.state.save_decision(decision_id, {"annotated": outcome[:200]})
+        if outcome == "verified":
+            return {}
+        # Read back: the decision says its mark is not on the job.
+        log.warning("service.annotate_unconfirmed", job_id=job.job_id, outcome=outcome)
+        return {"annotated": outcome[:200]}
+
+    def _annotated(self, decision_id: str, job: JobInfo, text: str, policy: Policy) -> None:
+        """:meth:`_annotate` for a decision already saved: what Slurm showed goes into it."""
+        unconfirmed = self._annotate(job, text, policy)
+        if unconfirmed:
+            self.state.save_decision(decision_id, unconfirmed)
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, *, once: bool = False, stop: threading.Event | None = None) -> CycleReport:

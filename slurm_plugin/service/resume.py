@@ -109,6 +109,6 @@ def resume_waiting(
         decision_id,
         svc.executor.deployment or "",
     )
-    svc._annotate(job, mark, policy)  # our mark on the job before we hold it
-    outcome = svc._evict(decision_id, job, event.node, {"after": after}, now)
+    unconfirmed = svc._annotate(job, mark, policy)  # our mark on the job before we hold it
+    outcome = svc._evict(decision_id, job, event.node, {"after": after, **unconfirmed}, now)
     report.decisions.append({"id": decision_id, "action": "evict", "outcome": outcome})

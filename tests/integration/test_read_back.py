@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from slurm_plugin.errors import CommandTimeoutError, SlurmError
+from slurm_plugin.model import keys
 from slurm_plugin.model.cluster import REQUEUE_HELD, JobInfo
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.state import ServiceState
@@ -281,3 +282,26 @@ def test_a_mark_is_read_back_from_slurm(
     assert executor.annotate(slurm.job_table["45"], text) == outcome
     slurm.fail["job"] = _timeout()
     assert executor.annotate(slurm.job_table["45"], text) == "unknown"  # Slurm did not answer
+
+
+def test_an_eviction_whose_mark_did_not_land_says_so_in_its_own_record(
+    make_loop: Callable[..., Loop],
+) -> None:
+    """Repro: the mark's read-back was saved before the eviction's first record, so the audit
+    began with a row of the decision that had no state, job or action."""
+    clock = FakeClock()
+    slurm = Flaky([running_job(clock)], NODES)
+    slurm.effect["annotate"] = "nothing"
+    loop = make_loop(slurm, clock, "a")
+    for cycle in range(20):
+        publish(loop, slurm.job_table["5"], range(cycle * 10, cycle * 10 + 10), {"node3": 2.0})
+        loop.service.cycle()
+        clock.advance(1)
+        if any(c[0] == "release" for c in slurm.changes):
+            break
+    (eviction,) = [d for d in loop.state.job_decisions("5") if d.get("action") == "evict"]
+    assert eviction["annotated"] == "failed", eviction
+    assert eviction["state"] == "verified", eviction
+    rows = [fields for _, fields in loop.state.client.xrange(keys.DECISIONS)]
+    first = next(f for f in rows if f["id"] == eviction["id"])
+    assert (first.get("state"), first.get("job_id")) == ("planned", "5"), first
