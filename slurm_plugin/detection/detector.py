@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from slurm_plugin.detection.block import Block
 from slurm_plugin.detection.events import Event, HangEvent
-from slurm_plugin.detection.job import Block, JobDetector
+from slurm_plugin.detection.job import JobDetector
 from slurm_plugin.detection.params import DetectionParams
 from slurm_plugin.model.batch import RecordBatch
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from slurm_plugin.detection import structure
 from slurm_plugin.detection.attribution import job_loss_pct, run_start
+from slurm_plugin.detection.block import MAX_ROWS, Block, what_if
 from slurm_plugin.detection.charts import CAP, END_ARL, bank, node_references
 from slurm_plugin.detection.episodes import Episodes
 from slurm_plugin.detection.events import Event, StragglerEvent, SyncStallEvent
@@ -40,37 +41,6 @@ from slurm_plugin.detection.sync import SyncStallChart
 #: over its peers' median, in units of ``input_min_slowdown_pct``, clipped to [-1, 2], less
 #: 0.5: loading twice that minimum crosses it in ~6 steps, at the minimum in ~16.
 _INPUT_THRESHOLD = 8.0
-
-
-def _what_if(b: Block, med_c: F64, scale: np.ndarray | None) -> tuple[F64, F64, F64]:
-    """Each rank's raw ready time (compute and data loading), its ready time had it computed
-    as its peers (the step's median, times its by-design offset), and each step's time."""
-    data = np.where(np.isfinite(b.data), b.data, 0.0)
-    typical = med_c[:, None] * (scale[None, :] if scale is not None else 1.0)
-    step = b.step_s if b.step_s.ndim == 1 else row_median(b.step_s)
-    return b.compute + data, data + typical, step
-
-
-_MAX_ROWS = 1024
-
-
-@dataclass
-class Block:
-    """Complete steps of one job attempt as dense matrices (rows: steps, columns: ranks)."""
-
-    steps: np.ndarray
-    ts: F64
-    step_s: F64
-    compute: F64
-    comm: F64
-    data: F64
-
-    def rows(self, begin: int, end: int) -> Block:
-        """A slice of the rows."""
-        s = slice(begin, end)
-        return Block(
-            self.steps[s], self.ts[s], self.step_s[s], self.compute[s], self.comm[s], self.data[s]
-        )
 
 
 @dataclass
@@ -153,8 +123,8 @@ class JobDetector:
         events: list[Event] = []
         # Zero medians, empty rows and the like yield NaN/inf, which the code masks out.
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            for begin in range(0, len(block.steps), _MAX_ROWS):
-                part = block.rows(begin, begin + _MAX_ROWS)
+            for begin in range(0, len(block.steps), MAX_ROWS):
+                part = block.rows(begin, begin + MAX_ROWS)
                 target = self._warmup_target(part)
                 cut = target - self.steps_done
                 if not self.learned and 0 < cut < len(part.steps):  # the warm-up ends inside
@@ -259,8 +229,8 @@ class JobDetector:
         self._input_s = input_s[-1] if rows else self._input_s
         input_hit = (input_s > _INPUT_THRESHOLD) & np.isfinite(b.data)
 
-        what_if = _what_if(b, med_c, self._scale)
-        window = self._window(_Tail(excess_c, excess_d, z, *what_if, b.ts, b.steps.astype(float)))
+        ready = what_if(b, med_c, self._scale)
+        window = self._window(_Tail(excess_c, excess_d, z, *ready, b.ts, b.steps.astype(float)))
         input_calm = self._episodes.input_calm(input_s / _INPUT_THRESHOLD)
         self._episodes.block(b.ts, {**ended, "input:node": input_calm})
         events: list[Event] = []
