@@ -70,6 +70,24 @@ def is_valid_raw(raw: RawStep) -> bool:
     )
 
 
+def normalise_raw(raw: tuple[Any, ...]) -> RawStep | None:
+    """A step as the training thread recorded it, coerced (numpy scalars, ints) and
+    checked; None when unusable."""
+    try:
+        step = int(raw[0])
+        if step != raw[0]:
+            return None
+        values = (
+            float(raw[1]),
+            float(raw[2]),
+            *(None if v is None else float(v) for v in raw[3:6]),
+        )
+    except (TypeError, ValueError, OverflowError):
+        return None
+    candidate: RawStep = (step, *values)  # type: ignore[assignment]
+    return candidate if is_valid_raw(candidate) else None
+
+
 def _fmt(value: float | None) -> str:
     return _MISSING if value is None else f"{value:.9g}"
 

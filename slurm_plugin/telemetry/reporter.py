@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import secrets
-import socket
 import threading
 import time
 import tomllib
@@ -32,10 +31,10 @@ from slurm_plugin.model.records import (
     check_group,
     encode_json_entry,
     encode_steps,
-    is_valid_raw,
-    non_negative_int,
+    normalise_raw,
 )
 from slurm_plugin.telemetry import credentials
+from slurm_plugin.telemetry.job_env import rank_env
 from slurm_plugin.telemetry.outlet import Destination, Outlet
 from slurm_plugin.telemetry.store import TelemetryStore, connect_from
 
@@ -69,23 +68,6 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _normalise(raw: tuple[Any, ...]) -> RawStep | None:
-    """Coerce numeric-like values (numpy scalars, ints) and validate; None when unusable."""
-    try:
-        step = int(raw[0])
-        if step != raw[0]:
-            return None
-        values = (
-            float(raw[1]),
-            float(raw[2]),
-            *(None if v is None else float(v) for v in raw[3:6]),
-        )
-    except (TypeError, ValueError, OverflowError):
-        return None
-    candidate: RawStep = (step, *values)  # type: ignore[assignment]
-    return candidate if is_valid_raw(candidate) else None
 
 
 class _StepTimer:
@@ -233,29 +215,19 @@ class StepReporter:
             settings = credentials.job_settings(job_id, env, load_settings)
             if not settings.telemetry_enabled:
                 return cls.disabled("telemetry_enabled is false")
-            rank = _env_int(env, "SLURM_PROCID", "RANK", default=0)
-            gpu = _env_int(env, "SLURM_LOCALID", "LOCAL_RANK", default=0)
-            attempt = _env_int(env, "SLURM_RESTART_COUNT", default=0)
-            world = _env_int(env, "SLURM_NTASKS", "WORLD_SIZE", default=0)
-            node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-            group = env.get("STRAGGLER_GROUP", "")
-            try:
-                check_group(group) if group else None
-            except StragglerError as exc:  # publish without a group rather than not at all
-                log.warning("telemetry.group_ignored", error=str(exc))
-                group = ""
+            where = rank_env(env)
             connect_from(settings)  # validates the URL and TLS settings, sends nothing
             return cls(
                 job_id,
-                rank,
-                node,
-                gpu,
-                attempt=attempt,
-                world_size=world,
+                where.rank,
+                where.node,
+                where.gpu,
+                attempt=where.attempt,
+                world_size=where.world,
                 store_factory=lambda: TelemetryStore(connect_from(settings, retries=0)),
                 flush_interval_s=settings.telemetry_flush_interval_s,
                 buffer_records=settings.telemetry_buffer_records,
-                group=group,
+                group=where.group,
                 relay_socket=settings.telemetry_relay_socket,
             )
         except StragglerError as exc:
@@ -373,7 +345,7 @@ class StepReporter:
         buf = self._buf
         invalid_before = self.invalid
         while buf:
-            raw = _normalise(buf.popleft())
+            raw = normalise_raw(buf.popleft())
             if raw is None:
                 self.invalid += 1
             else:
@@ -524,12 +496,3 @@ class StepReporter:
                 buffered=sum(len(e.raws) for e in pending),
             )
         return False
-
-
-def _env_int(env: Mapping[str, str], *names: str, default: int) -> int:
-    for name in names:
-        text = env.get(name)
-        if text is None or text == "":
-            continue
-        return non_negative_int(text, name)
-    return default
