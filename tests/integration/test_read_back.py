@@ -12,7 +12,6 @@ import pytest
 import redis
 
 from slurm_plugin.errors import CommandTimeoutError, SlurmError
-from slurm_plugin.model import keys
 from slurm_plugin.model.cluster import REQUEUE_HELD, JobInfo
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.state import ServiceState
@@ -302,6 +301,5 @@ def test_an_eviction_whose_mark_did_not_land_says_so_in_its_own_record(
     (eviction,) = [d for d in loop.state.job_decisions("5") if d.get("action") == "evict"]
     assert eviction["annotated"] == "failed", eviction
     assert eviction["state"] == "verified", eviction
-    rows = [fields for _, fields in loop.state.client.xrange(keys.DECISIONS)]
-    first = next(f for f in rows if f["id"] == eviction["id"])
+    first = next(row for row in loop.state.audit() if row["id"] == eviction["id"])
     assert (first.get("state"), first.get("job_id")) == ("planned", "5"), first
