@@ -123,15 +123,22 @@ def slurm(cluster: DevCluster) -> Iterator[Slurm]:
     yield helper
     helper.cancel_all()
     cluster.clear_faults()
-    for node in cluster.node_names:
-        state = helper.node_state(node)
-        if state.startswith(("drain", "down")):
-            helper.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
-    wait_for(
-        lambda: all(helper.node_state(n) == "idle" for n in cluster.node_names),
-        30,
-        "every node to be idle again",
-    )
+
+    def idle() -> bool:
+        # A node can turn drained or down while the test's jobs end (a slurmd restarted by
+        # the test answers late): resumed as often as it does, within the wait.
+        states = {n: helper.node_state(n) for n in cluster.node_names}
+        for node, state in states.items():
+            if state.startswith(("drain", "down")):
+                helper.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+        return all(state == "idle" for state in states.values())
+
+    try:
+        wait_for(idle, 60, "every node to be idle again")
+    except pytest.fail.Exception:
+        nodes = helper.run("sinfo", "-N", "-h", "-o", "%N %T %E").stdout.strip()
+        jobs = helper.run("squeue", "-h", "-o", "%i %T %R").stdout.strip()
+        pytest.fail(f"nodes not idle 60 s after the test: {nodes}; jobs: {jobs or 'none'}")
 
 
 _DATABASES = itertools.cycle(range(1, 16))
