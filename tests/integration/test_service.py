@@ -56,6 +56,10 @@ def _decisions(state: ServiceState, job: str) -> dict[str, dict[str, str]]:
     return {d["id"]: d for d in state.job_decisions(job)}
 
 
+def _straggler_decisions(state: ServiceState, job: str) -> list[dict[str, str]]:
+    return [d for d in state.job_decisions(job) if d.get("kind") == "straggler"]
+
+
 def _admin_comment(slurm: Slurm, job: str) -> str:
     jobs = parse_squeue_json(slurm.run("squeue", "--json").stdout)
     return next(j.admin_comment for j in jobs if j.job_id == job)
@@ -188,9 +192,11 @@ def test_breaker_and_pause_stop_actions(
     assert "circuit breaker: test: 9 straggler nodes" in out
     job = _submit(slurm, job_dir, "evict")
     slurm.wait_job(job, "RUNNING")
-    wait_for(lambda: bool(_decisions(state, job)), 60, "a decision")
-    (decision,) = _decisions(state, job).values()
-    assert "circuit breaker open" in decision["reasons"]
+    wait_for(lambda: _straggler_decisions(state, job) != [], 60, "a straggler decision")
+    # Only the straggler's decision says what held it back (a report of another kind, which
+    # a release's chroot once gave in the same cycle, is recorded and never acted on).
+    (decision,) = _straggler_decisions(state, job)
+    assert "circuit breaker open" in decision["reasons"], _decisions(state, job)
     assert "service paused by an admin" in decision["reasons"]
     subprocess.run(
         [sys.executable, "-m", "slurm_plugin.cli.main", "resume"],
