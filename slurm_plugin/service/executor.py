@@ -274,10 +274,10 @@ class Executor:
         for job in jobs:
             if not job.held:
                 continue
-            mark = job.admin_comment.rsplit(" | ", 1)[-1]
-            ours = marks.decision_of(mark, self.deployment)
-            if ours is None or " evict [" not in mark or ours in releasing:
+            found = marks.eviction_of(job.admin_comment, self.deployment)
+            if found is None or found[1] or found[0] in releasing:  # released: not held by us
                 continue
+            ours = found[0]
             known = self.state.decision(ours)
             reasons = [f"held with our eviction mark {ours}, {why}"]
             if known:

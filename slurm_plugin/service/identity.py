@@ -164,10 +164,10 @@ class Identities:
         restarted empty). It goes back into the hourly budget, dated by Slurm's SubmitTime
         (which a requeue moves to the requeue's time), and starts the job's cooldown; the
         fields to keep for the job."""
-        mark = job.admin_comment.rsplit(" | ", 1)[-1]
-        ours = marks.decision_of(mark, self.deployment)
-        if ours is None or (" evict [" not in mark and " evicted [" not in mark):
+        found = marks.eviction_of(job.admin_comment, self.deployment)
+        if found is None:
             return {}
+        ours = found[0]
         now = self.clock()
         when = min(now, job.submit_time) if job.submit_time is not None else now
         if ours not in self._restored and self.state.restore_eviction(ours, when, now):

@@ -52,6 +52,19 @@ def decision_of(text: str, deployment: str | None = None) -> str | None:
     return match.group(1)
 
 
+def eviction_of(comment: str, deployment: str | None = None) -> tuple[str, bool] | None:
+    """Our eviction mark in a job's AdminComment (the last part, after anyone else's text and
+    " | "): its decision id, and whether the job was released since (the mark reads
+    "evicted"); None when the comment holds no eviction mark (of ``deployment``)."""
+    mark = comment.rsplit(" | ", 1)[-1]
+    ours = decision_of(mark, deployment)
+    if ours is None:
+        return None
+    if " evict [" in mark:
+        return ours, False
+    return (ours, True) if " evicted [" in mark else None
+
+
 def is_ours(text: str, deployment: str | None = None) -> bool:
     """True for a mark we made (prefix and a decision id; of ``deployment`` when given)."""
     return decision_of(text, deployment) is not None

@@ -18,7 +18,6 @@ log = structlog.get_logger(__name__)
 class RankEnv:
     """One rank's place in its job."""
 
-    job_id: str
     rank: int
     node: str
     gpu: int
@@ -28,8 +27,8 @@ class RankEnv:
 
 
 def rank_env(env: Mapping[str, str]) -> RankEnv:
-    """The rank's place from ``env`` (``SLURM_JOB_ID`` must be set); a malformed number
-    raises :class:`StragglerError`, a malformed group is dropped with a warning."""
+    """The rank's place from ``env``; a malformed number raises :class:`StragglerError`, a
+    malformed group is dropped with a warning."""
     group = env.get("STRAGGLER_GROUP", "")
     try:
         check_group(group) if group else None
@@ -37,7 +36,6 @@ def rank_env(env: Mapping[str, str]) -> RankEnv:
         log.warning("telemetry.group_ignored", error=str(exc))
         group = ""
     return RankEnv(
-        job_id=env["SLURM_JOB_ID"],
         rank=_env_int(env, "SLURM_PROCID", "RANK", default=0),
         node=env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],
         gpu=_env_int(env, "SLURM_LOCALID", "LOCAL_RANK", default=0),
