@@ -108,6 +108,7 @@ def run_backtest(
     last_ts = np.full(len(names), -np.inf)
     np.maximum.at(last_ts, job_codes, trace.ts)
     events: list[Event] = []
+    scales: dict[int, np.ndarray | None] = {}  # per straggler event: its job's structure then
     bounds = _chunk_bounds(job_codes, trace.ts, policy.detection.hang_timeout_s)
     labelled = trace.labelled
     node_names = np.asarray(trace.node_names, dtype=object)
@@ -127,11 +128,12 @@ def run_backtest(
                     _batch(trace, idx, attempts, node_names, group_names if labelled else None),
                 )
                 if attempt != attempts[in_job].max():
-                    events += detector.advance_job(names[code], final=True)
-        events += detector.advance(final=end == len(trace))
+                    closed = detector.advance_job(names[code], final=True)
+                    events += _noting(detector, scales, closed)
+        events += _noting(detector, scales, detector.advance(final=end == len(trace)))
     events += _hangs_at_the_end(detector, names, last_ts, float(trace.ts[-1]), policy)
     events.sort(key=lambda e: e.ts)
-    replay = Replay(policy, trace, context or TraceContext())
+    replay = Replay(policy, trace, context or TraceContext(), scales=scales)
     for event in events:
         replay.until(event.ts)
         past = 0
@@ -159,6 +161,17 @@ def run_backtest(
     result.persistent_nodes = sorted(n for n, h in histories.items() if h.state == "persistent")
     result.late_records = detector.late_records
     return result
+
+
+def _noting(
+    detector: Detector, scales: dict[int, np.ndarray | None], events: list[Event]
+) -> list[Event]:
+    """``events``, each straggler's job's structure as its detector holds it when the event
+    comes (the service's re-check divides the same out: a by-design offset is no slowdown)."""
+    for event in events:
+        if isinstance(event, StragglerEvent):
+            scales[id(event)] = detector.structure_scale(event.job_id)
+    return events
 
 
 def _in_range(trace: Trace) -> tuple[Trace, int]:

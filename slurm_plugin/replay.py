@@ -23,6 +23,7 @@ import numpy as np
 
 from slurm_plugin.detection import StragglerEvent
 from slurm_plugin.detection.params import DetectionParams
+from slurm_plugin.detection.recheck import still_pct, structure_peers
 from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy.decide import ClusterContext, Decision, JobContext, decide
 from slurm_plugin.policy.rails import SafetyPolicy
@@ -67,6 +68,9 @@ class Replay:
     #: Per job, when a wait ran out without a checkpoint.
     missed: dict[str, float] = field(default_factory=dict)
     step_s: dict[str, float] = field(default_factory=dict)
+    #: Per straggler event (by ``id``), its job's per-rank by-design compute factor when the
+    #: event came (``Detector.structure_scale``; None or absent: no structure).
+    scales: dict[int, np.ndarray | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         codes = self.trace.job_code
@@ -114,42 +118,48 @@ class Replay:
     ) -> float | None:
         """The service's re-check before an eviction, on the trace: how much longer the
         event's ranks (its node's, when node-wide) computed than the ranks on other nodes over
-        the job's newest ``steps`` steps up to ``now`` (the median of the per-step ratios of
-        medians, as :func:`slurm_plugin.detection.recheck.recent_slowdown_pct`), against the
-        same ratio over the job's first steps: a pipeline stage or another GPU model on the
-        node is its baseline, not a slowdown."""
-        start = self.first_ts[event.job_id]
-        first = self._ratio(event, start, start + 4 * steps * self._step(event.job_id), steps, 1)
-        recent = self._ratio(event, now - 4 * steps * self._step(event.job_id), now, steps, -1)
-        if recent is None:
-            return None
-        return (recent / (first or 1.0) - 1.0) * 100.0
-
-    def _ratio(
-        self, event: StragglerEvent, begin: float, end: float, steps: int, order: int
-    ) -> float | None:
-        """The median over ``steps`` steps of the job in [begin, end] (the first ones, or
-        with ``order`` -1 the newest) of the event's ranks' median compute over the other
-        nodes' median."""
+        the job's newest ``steps`` steps up to ``now``, from the step it was flagged at on (the
+        median over steps of the ranks' median ratio to their structural group's median on
+        other nodes, as :func:`slurm_plugin.detection.recheck.tail_slowdown_pct`), with each
+        rank's compute divided by its by-design factor as the job's detector learned it
+        (``scales``): a pipeline stage or another GPU model is no slowdown, and a node slow
+        from the job's first step is."""
         trace = self.trace
-        lo, hi = np.searchsorted(trace.ts, [begin, end], side="right")
+        begin = now - 4 * steps * self._step(event.job_id)
+        lo, hi = np.searchsorted(trace.ts, [begin, now], side="right")
         part = slice(int(lo), int(hi))
-        in_job = trace.job_code[part] == trace.job_names.index(event.job_id)
+        in_job = (trace.job_code[part] == trace.job_names.index(event.job_id)) & (
+            trace.step[part] >= event.step
+        )
         if not in_job.any():
             return None
         step = trace.step[part][in_job]
+        rank = trace.rank[part][in_job]
         compute = trace.compute_s[part][in_job]
+        scale = self.scales.get(id(event))
+        if scale is not None:
+            known = rank < len(scale)
+            compute = compute / np.where(known, scale[np.where(known, rank, 0)], 1.0)
         on_node = trace.node_code[part][in_job] == trace.node_names.index(event.node)
-        mine = on_node
-        if event.scope == "gpu":
-            mine = on_node & np.isin(trace.rank[part][in_job], event.ranks)
+        mine = on_node & np.isin(rank, event.ranks) if event.scope == "gpu" else on_node
+        groups = [
+            (np.isin(rank, own) & mine, np.isin(rank, peers) & ~on_node)
+            for own, peers in structure_peers(
+                scale, np.unique(rank[mine]), np.unique(rank[~on_node])
+            )
+        ]
         ratios = []
-        for s in np.unique(step)[::order][:steps].tolist():
+        for s in np.unique(step)[::-1][:steps].tolist():
             at = (step == s) & np.isfinite(compute)
-            own, peers = compute[at & mine], compute[at & ~on_node]
-            if len(own) and len(peers) and np.median(peers) > 0:
-                ratios.append(float(np.median(own) / np.median(peers)))
-        return float(np.median(ratios)) if ratios else None
+            values = []
+            for own, peers in groups:
+                level = compute[at & peers]
+                if len(level) and np.median(level) > 0:
+                    values.append(compute[at & own] / np.median(level))
+            joined = np.concatenate(values) if values else np.zeros(0)
+            if len(joined):
+                ratios.append(float(np.median(joined)))
+        return still_pct(np.asarray(ratios[::-1]) - 1.0) * 100.0 if ratios else None
 
     def _step(self, job_id: str) -> float:
         """The job's typical step time (its first records)."""

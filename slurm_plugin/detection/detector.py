@@ -96,6 +96,12 @@ class Detector:
         state = self._jobs.get(job_id)
         return list(state.detector.structure) if state and state.detector else []
 
+    def structure_scale(self, job_id: str) -> np.ndarray | None:
+        """Per rank of the job's current attempt, its by-design compute factor (None: no
+        structure): what the re-check divides out, for a replay that re-checks on the trace."""
+        state = self._jobs.get(job_id)
+        return state.detector.scale if state and state.detector else None
+
     def recent_slowdown_pct(
         self, job_id: str, node: str, ranks: Sequence[int] = (), since_step: int | None = None
     ) -> float | None:

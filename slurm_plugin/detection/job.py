@@ -117,6 +117,12 @@ class JobDetector:
         """Ranks this detector knows."""
         return len(self.rank_node)
 
+    @property
+    def scale(self) -> np.ndarray | None:
+        """Per rank, its by-design compute factor (exp of its structural offset) as learned
+        at the end of the warm-up; None while nothing was taken for structure."""
+        return self._scale
+
     # -- entry point ---------------------------------------------------------------------------
     def process(self, block: Block) -> list[Event]:
         """Feed complete steps (in step order); return the events they raise."""
@@ -321,7 +327,9 @@ class JobDetector:
         if tail is None or node not in self.node_names:
             return None
         on_node = np.flatnonzero(self.rank_node == self.node_names.index(node))
-        return tail_slowdown_pct(tail.excess_compute, tail.number, on_node, ranks, since_step)
+        return tail_slowdown_pct(
+            tail.excess_compute, tail.number, on_node, ranks, since_step, scale=self._scale
+        )
 
     def _window(self, block: _Tail) -> _Tail:
         """Block rows preceded by the tail of earlier blocks; keeps the new tail."""

@@ -4,6 +4,7 @@ costs a requeue."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Collection, Iterable
 
 import numpy as np
@@ -52,6 +53,46 @@ def recent_slowdown_pct(
     return (float(np.median(ratios)) - 1.0) * 100.0 if ratios else None
 
 
+#: The newest steps that must also show the node slow: a slowdown that ended a few steps ago
+#: still holds the median of the whole window (an episode over for 13 of 20 steps read +2 %).
+NEWEST_STEPS = 5
+
+
+def still_pct(oldest_first: np.ndarray) -> float:
+    """The slowdown a window of per-step ratios (oldest first, as ratio - 1) still shows: the
+    lesser of its median and the median of its newest :data:`NEWEST_STEPS`. A node is only
+    taken as still slow when the whole window and its newest steps both say so."""
+    return float(min(np.median(oldest_first), np.median(oldest_first[-NEWEST_STEPS:])))
+
+
+#: Peers of one structural group looked at by the re-check, at most (an even spread of them):
+#: a median over thousands of ranks gains nothing from more.
+MAX_PEERS = 4096
+
+
+def structure_peers(
+    scale: np.ndarray | None, own: np.ndarray, others: np.ndarray
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The ``own`` ranks grouped by their by-design compute factor (``scale``, as a detector
+    learned it; None: no structure), each group with the ``others`` that share its factor
+    (every one of ``others`` when none does). A node of a slower pipeline stage is compared
+    with that stage on other nodes: the learned factor is an estimate, and its error (a
+    percent or two) must not read as a slowdown that never ends."""
+    if scale is None or not len(own) or not len(scale):
+        return [(own, others)]
+
+    def factor(ranks: np.ndarray) -> np.ndarray:  # a rank the detector did not know: 1
+        return np.where(ranks < len(scale), scale[np.minimum(ranks, len(scale) - 1)], 1.0)
+
+    mine_f, others_f = factor(own), factor(others)
+    out = []
+    for value in np.unique(mine_f).tolist():
+        mine = own[mine_f == value]
+        peers = others[others_f == value]
+        out.append((mine, peers if len(peers) else others))
+    return out
+
+
 def tail_slowdown_pct(
     excess: np.ndarray,
     numbers: np.ndarray,
@@ -59,20 +100,35 @@ def tail_slowdown_pct(
     ranks: Collection[int] = (),
     since_step: int | None = None,
     steps: int = 20,
+    scale: np.ndarray | None = None,
 ) -> float | None:
     """The same look from a detector's own newest rows (``excess``: each rank's compute over
     the row's median, structure taken out; ``numbers``: the rows' step numbers): the node's
     straggling ``ranks`` (of ``on_node``; all of them when empty), over the newest ``steps``
-    rows from ``since_step`` on, as the median over rows of their median excess, in %. Cheap
-    at any world size (a few rows of the ranks in question). None when no such row shows
-    them: unknown, which is never "recovered"."""
+    rows from ``since_step`` on, as the median over rows of their median excess over peers
+    on other nodes of their structural group (:func:`structure_peers`; ``scale`` as the
+    detector learned it, None: the row's median is the peers' level), in %. Cheap at any
+    world size (a few rows of the ranks in question, at most :data:`MAX_PEERS` peers). None
+    when no such row shows them: unknown, which is never "recovered"."""
     cols = np.intersect1d(on_node, np.asarray(list(ranks), dtype=np.int64)) if ranks else on_node
     rows = np.arange(len(numbers)) if since_step is None else np.flatnonzero(numbers >= since_step)
     if not len(cols) or not len(rows):
         return None
-    picked = excess[np.ix_(rows[-steps:], cols)]  # only those cells: no copy of whole rows
+    rows = rows[-steps:]
+    picked = excess[np.ix_(rows, cols)]  # only those cells: no copy of whole rows
+    if scale is not None and len(scale) == excess.shape[1]:
+        others = np.setdiff1d(np.arange(excess.shape[1]), on_node)
+        level = np.zeros_like(picked)
+        for mine, peers in structure_peers(scale, cols, others):
+            if not len(peers):
+                continue
+            spread = peers[:: max(1, -(-len(peers) // MAX_PEERS))]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a row none of them showed
+                base = np.nanmedian(excess[np.ix_(rows, spread)], axis=1)
+            level[:, np.searchsorted(cols, mine)] = np.where(np.isfinite(base), base, 0.0)[:, None]
+        picked = (1.0 + picked) / (1.0 + level) - 1.0  # over the group's level, as a ratio
     shown = np.isfinite(picked).any(axis=1)
     if not shown.any():
         return None
-    per_row = np.nanmedian(picked[shown], axis=1)
-    return float(np.median(per_row) * 100.0)
+    return still_pct(np.nanmedian(picked[shown], axis=1)) * 100.0
