@@ -114,8 +114,34 @@ def _shared_offsets(
         inside = np.bincount(rank_node[cluster], minlength=len(per_node))
         nodes = np.flatnonzero(2 * inside > per_node)
         if len(nodes) >= p.structure_min_nodes:
-            found.append(cluster[np.isin(rank_node[cluster], nodes)])
+            members = cluster[np.isin(rank_node[cluster], nodes)]
+            found += _by_node_level(members, base, rank_node, p)
     return found
+
+
+def _by_node_level(
+    members: np.ndarray, base: F64, rank_node: np.ndarray, p: DetectionParams
+) -> list[np.ndarray]:
+    """One cluster's ranks split where their nodes' levels differ by more than half the
+    policy's minimum slowdown (what the detector acts on): stages of +6 % and +12 % are two
+    groups, each of at least ``structure_min_nodes`` nodes (one offset for both left either
+    stage 3 % off its own level, a straggler on every node of it). A level held by fewer
+    nodes joins its nearest neighbour: one node off the others is no stage of its own (a
+    fault from the job's first step stays a straggler against its stage)."""
+    nodes = np.unique(rank_node[members])
+    levels = np.array([float(np.median(base[members[rank_node[members] == n]])) for n in nodes])
+    order = np.argsort(levels, kind="stable")
+    cut = np.flatnonzero(np.diff(levels[order]) > 0.5 * p.min_slowdown_pct / 100.0) + 1
+    parts = [list(part) for part in np.split(order, cut)]
+    # Too small a part joins its nearest neighbour, until every part is large enough.
+    while len(parts) > 1 and min(len(part) for part in parts) < p.structure_min_nodes:
+        i = min(range(len(parts)), key=lambda j: len(parts[j]))
+        mid = float(np.median(levels[parts[i]]))
+        neighbours = [j for j in (i - 1, i + 1) if 0 <= j < len(parts)]
+        j = min(neighbours, key=lambda k: abs(float(np.median(levels[parts[k]])) - mid))
+        parts[j] = sorted(parts[j] + parts[i], key=lambda k: levels[k])
+        del parts[i]
+    return [members[np.isin(rank_node[members], nodes[part])] for part in parts]
 
 
 def _node_relative(base: F64, layout: Layout) -> F64:

@@ -274,3 +274,20 @@ def test_a_gpu_position_is_structure_also_beside_a_node_slow_from_the_start() ->
     detector = det._jobs["two"].detector
     assert detector is not None
     assert [g["ranks"] for g in detector.structure] == [2]
+
+
+def test_close_stages_are_each_their_own_structure() -> None:
+    """Issue 24 (a hold-out cluster month): eight 2-node pipeline stages, unlabelled, whose
+    offsets lie close together (+21.7 %, +21.9 %, +22.3 % and +27.7 % among them). One offset for
+    every stage that sorted into one cluster left the +27.7 % stage ~4.5 % over it: both its
+    nodes were flagged from the first steps and, in time, evicted. Stages are split where
+    their nodes' levels differ by more than half the minimum slowdown: nothing is flagged;
+    one node of the +27.7 % stage slowed a further 20 % from step 300 still is."""
+    offsets = [0.0, 0.029, 0.217, 0.277, 0.063, 0.219, 0.074, 0.223]
+    slow, _ = pipeline(128, offsets)
+    events, _ = _events(JobSpec("c", 128, 600, seed=15, compute_slow=slow))
+    assert events == [], {(e.node, e.step) for e in events}
+    for rank in range(56, 64):  # n0007, the second node of the +27.7 % stage
+        slow[rank] = lambda steps: np.where(steps >= 300, 1.277 * 1.2 - 1.0, 0.277)
+    events, _ = _events(JobSpec("c", 128, 600, seed=15, compute_slow=slow))
+    assert {e.node for e in events} == {"n0007"}, {(e.node, e.step) for e in events}
