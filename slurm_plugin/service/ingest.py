@@ -187,7 +187,7 @@ class Ingest:
         keep, dropped = self.evidence.judge(
             job, batch.rank, decoded.node_code, decoded.nodes, batch.attempt
         )
-        kept = batch.take(keep)
+        kept = batch if keep.all() else batch.take(keep)  # the batch is the job's own copy
         if dropped:
             self.state.count_ignored(job.job_id, dropped)
             for reason, count in dropped.items():

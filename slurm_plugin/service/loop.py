@@ -46,10 +46,14 @@ from slurm_plugin.telemetry.store import TelemetryStore
 log = structlog.get_logger(__name__)
 #: Cycles failing in a row after which a leader gives its lock up (a standby may do better).
 STEP_DOWN_AFTER = 3
-#: The share of the interval a cycle spends on detection: past it, the jobs whose steps
-#: waited longest go first and the others wait for the next cycle (Detector.advance), but
-#: never longer than DETECT_MAX_WAIT_S (then the cycle takes longer).
-DETECT_SHARE = 0.25
+#: Detection runs until the cycle has taken this share of the interval, and at least
+#: DETECT_MIN_SHARE of it after the reads: past that, the jobs whose steps waited longest go
+#: first and the others wait for the next cycle (Detector.advance), but never longer than
+#: DETECT_MAX_WAIT_S (then the cycle takes longer). A job costs nearly as much for one step
+#: as for ten, so under many small jobs each is processed less often on more steps, and the
+#: cycle stays within half the interval; a few large jobs are each processed every cycle.
+CYCLE_SHARE = 0.45
+DETECT_MIN_SHARE = 0.1
 DETECT_MAX_WAIT_S = 30.0
 
 
@@ -154,6 +158,7 @@ class Service:
         return report
 
     def _cycle(self, report: CycleReport) -> None:
+        started = time.monotonic()
         now = self.clock()
         if time.monotonic() < self._standby_until:
             return
@@ -188,7 +193,10 @@ class Service:
             report.ignored_records += ignored
         report.jobs = len(self._job_policy)
         events: list[Event] = []
-        deadline = time.monotonic() + self.settings.service_interval_s * DETECT_SHARE
+        interval = self.settings.service_interval_s
+        deadline = max(
+            started + interval * CYCLE_SHARE, time.monotonic() + interval * DETECT_MIN_SHARE
+        )
         for detector in self._detectors.values():
             events += detector.advance(deadline=deadline, max_wait_s=DETECT_MAX_WAIT_S)
             events += detector.check_hangs(now, only=list(running))

@@ -184,3 +184,22 @@ def test_the_sessions_remembered_per_job_are_bounded() -> None:
     forget_oldest(seen, 16)
     assert len(seen) == 8
     assert list(seen) == [("0", f"{i:016x}") for i in range(32, 40)]
+
+
+def test_the_common_cycle_is_judged_as_the_rules_do() -> None:
+    """The cheap check of a running job's usual cycle (every rank bound, on its node, of the
+    attempt in force) believes exactly what the rules believe: the same records again are all
+    kept; one rank on another node, a rank new to the job, an older attempt or a foreign node
+    each go through the rules and are judged as before."""
+    evidence, state = EvidenceFilter(), {"attempt": -1, "nodes": {}}
+    first = [_rec(0, "node1"), _rec(1, "node1"), _rec(2, "node2"), _rec(3, "node2")]
+    for records in (
+        first,
+        first,  # the common cycle
+        [*first, _rec(1, "node2")],  # rank 1 moved
+        [*first, _rec(4, "node2")],  # a rank new to the job
+        [*first, _rec(0, "node1", attempt=0)],  # an older attempt
+        [*first, _rec(3, "node3")],  # a node that is not the job's
+        first,
+    ):
+        assert _filter(evidence, JOB, records) == _reference(state, JOB, records)
