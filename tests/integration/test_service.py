@@ -162,10 +162,16 @@ def test_no_eviction_when_too_few_nodes_would_remain(
     """A job on every node cannot lose one: the decision records why it was not evicted."""
     job = _submit(slurm, job_dir, "evict", nodes=4)
     slurm.wait_job(job, "RUNNING")
-    wait_for(lambda: bool(_decisions(state, job)), 120, "a decision")
-    (decision,) = _decisions(state, job).values()
+
+    def about_node3() -> list[dict[str, str]]:
+        # A report of another kind may come in the same cycle (seen on the 22.05 chroot).
+        return [d for d in _decisions(state, job).values() if d.get("node") == "node3"]
+
+    wait_for(lambda: bool(about_node3()), 120, "a decision about node3")
+    decision = about_node3()[0]
     assert decision["decision"] == "annotate"
     assert "would leave 3 usable nodes" in decision["reasons"]
+    assert all(d.get("action") != "evict" for d in _decisions(state, job).values())
     assert slurm.job(job)["Restarts"] == "0"
 
 
