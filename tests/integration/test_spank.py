@@ -107,7 +107,13 @@ def test_options_are_registered_and_bound_the_service(
 
     def after_restart() -> list[dict[str, str]]:
         """Decisions about stragglers detected after the job was requeued."""
-        held = [float(d.get("held_ts") or 0) for d in decisions() if d.get("action") == "evict"]
+        # Only once the eviction's hold is recorded: before, every decision would count
+        # (Slurm may show Restarts=1 before the executor saves held_ts).
+        held = [
+            float(d["held_ts"])
+            for d in decisions()
+            if d.get("action") == "evict" and d.get("held_ts")
+        ]
         since = min(held) if held else float("inf")
         return [d for d in decisions() if float(d.get("detected_ts") or 0) > since]
 
