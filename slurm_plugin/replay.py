@@ -23,7 +23,7 @@ import numpy as np
 
 from slurm_plugin.detection import StragglerEvent
 from slurm_plugin.detection.params import DetectionParams
-from slurm_plugin.detection.recheck import still_pct, structure_peers
+from slurm_plugin.detection.recheck import rank_factor, still_pct, structure_peers
 from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy.decide import ClusterContext, Decision, JobContext, decide
 from slurm_plugin.policy.rails import SafetyPolicy
@@ -137,9 +137,8 @@ class Replay:
         rank = trace.rank[part][in_job]
         compute = trace.compute_s[part][in_job]
         scale = self.scales.get(id(event))
-        if scale is not None:
-            known = rank < len(scale)
-            compute = compute / np.where(known, scale[np.where(known, rank, 0)], 1.0)
+        if scale is not None and len(scale):
+            compute = compute / rank_factor(scale, rank)
         on_node = trace.node_code[part][in_job] == trace.node_names.index(event.node)
         mine = on_node & np.isin(rank, event.ranks) if event.scope == "gpu" else on_node
         groups = [

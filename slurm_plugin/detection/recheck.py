@@ -70,6 +70,12 @@ def still_pct(oldest_first: np.ndarray) -> float:
 MAX_PEERS = 4096
 
 
+def rank_factor(scale: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """Each of ``ranks``' by-design compute factor in ``scale`` (1 for a rank beyond it: one
+    the detector did not know)."""
+    return np.where(ranks < len(scale), scale[np.minimum(ranks, len(scale) - 1)], 1.0)
+
+
 def structure_peers(
     scale: np.ndarray | None, own: np.ndarray, others: np.ndarray
 ) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -80,11 +86,7 @@ def structure_peers(
     percent or two) must not read as a slowdown that never ends."""
     if scale is None or not len(own) or not len(scale):
         return [(own, others)]
-
-    def factor(ranks: np.ndarray) -> np.ndarray:  # a rank the detector did not know: 1
-        return np.where(ranks < len(scale), scale[np.minimum(ranks, len(scale) - 1)], 1.0)
-
-    mine_f, others_f = factor(own), factor(others)
+    mine_f, others_f = rank_factor(scale, own), rank_factor(scale, others)
     out = []
     for value in np.unique(mine_f).tolist():
         mine = own[mine_f == value]

@@ -39,6 +39,11 @@ SLOWING_THROTTLES = frozenset(
 LOW_CLOCK_SHARE = 0.7
 
 
+def _ranks_allowed(job: JobInfo) -> int:
+    """Ranks a job may claim: its nodes x ``MAX_RANKS_PER_NODE``."""
+    return max(1, job.node_count, len(job.nodes)) * MAX_RANKS_PER_NODE
+
+
 @dataclass
 class _JobView:
     attempt: int = -1
@@ -79,8 +84,7 @@ class EvidenceFilter:
         job_nodes = set(job.nodes)
         allowed = np.array([n in job_nodes for n in nodes], dtype=bool)
         foreign = ~allowed[node_code] if len(nodes) else np.zeros(len(rank), dtype=bool)
-        wide = max(1, job.node_count, len(job.nodes)) * MAX_RANKS_PER_NODE
-        out_of_range = ~foreign & (rank >= wide)
+        out_of_range = ~foreign & (rank >= _ranks_allowed(job))
         future = ~foreign & ~out_of_range & (attempt > job.restarts)
         keep = ~foreign & ~out_of_range & ~future
         moved = np.zeros(len(rank), dtype=bool)
@@ -124,7 +128,7 @@ class EvidenceFilter:
         job_nodes = set(job.nodes)
         if not all(n in job_nodes for n in nodes):
             return False
-        if int(rank.max()) >= max(1, job.node_count, len(job.nodes)) * MAX_RANKS_PER_NODE:
+        if int(rank.max()) >= _ranks_allowed(job):
             return False
         return view.all_bound(rank, node_code, nodes)
 
