@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from slurm_plugin.detection import structure
-from slurm_plugin.detection.attribution import job_loss_pct, run_start
+from slurm_plugin.detection.attribution import job_loss_pct, run_start, transfer_excess
 from slurm_plugin.detection.block import MAX_ROWS, Block, what_if
 from slurm_plugin.detection.charts import CAP, END_ARL, bank, node_references
 from slurm_plugin.detection.episodes import Episodes
@@ -60,6 +60,8 @@ class _Tail:
     ts: F64
     #: Each row's step number (the re-check looks at rows from the step a node was flagged).
     number: F64
+    #: Each rank's collective wait (the last rank's is the transfer: ``transfer_excess``).
+    comm: F64
     offset: int = 0
 
 
@@ -236,7 +238,9 @@ class JobDetector:
         input_hit = (input_s > _INPUT_THRESHOLD) & np.isfinite(b.data)
 
         ready = what_if(b, med_c, self._scale)
-        window = self._window(_Tail(excess_c, excess_d, z, *ready, b.ts, b.steps.astype(float)))
+        window = self._window(
+            _Tail(excess_c, excess_d, z, *ready, b.ts, b.steps.astype(float), b.comm)
+        )
         input_calm = self._episodes.input_calm(input_s / _INPUT_THRESHOLD)
         self._episodes.block(b.ts, {**ended, "input:node": input_calm})
         events: list[Event] = []
@@ -458,14 +462,15 @@ class JobDetector:
         else:
             ranks = [int(node_ranks[int(np.argmax(mean_z))])]
         slowdown = float(np.nanmean(excess[lo:hi][:, ranks])) * 100.0
-        healthy = others = None
+        healthy = others = transfer = None
         if kind == "compute":
             healthy = window.healthy[lo:hi]
             # Ranks slow all along the attribution window: stragglers of their own.
             steady = window.z[max(0, at - keep + 1) : hi].mean(axis=0)
             others = steady > 2.0 * float(k_base[row])
+            transfer = transfer_excess(window.comm[lo:hi], node_ranks, self._sync.base_wait)
         job_loss = job_loss_pct(
-            window.ready[lo:hi], window.step[lo:hi], node_ranks, healthy, others
+            window.ready[lo:hi], window.step[lo:hi], node_ranks, healthy, others, transfer
         )
         # It began when the step before its first slow one ended.
         since = float(window.ts[lo - 1] if lo > 0 else window.ts[lo])

@@ -25,6 +25,12 @@ class SyncStallChart:
         self._level = 0.0
         self.flagged = False
 
+    @property
+    def base_wait(self) -> float | None:
+        """The warm-up's smallest collective wait per step: the transfer itself (None until
+        the warm-up has established it)."""
+        return self._base[0] if self._base is not None else None
+
     def process(
         self,
         comm: F64,

@@ -488,3 +488,39 @@ def test_a_rank_whose_first_records_come_late_is_placed_on_its_own_node() -> Non
     events = _stragglers([*collected, *det.advance(final=True)])
     assert events, "the slow rank was not found"
     assert {e.node for e in events} == {"n3"}, events
+
+
+def test_a_node_that_slows_its_collectives_too_costs_the_job_that_as_well() -> None:
+    """A node whose slowness also slows the transfer (a throttled CPU moving gloo's data, a
+    flaky NIC): the job's loss counts the longer transfer on the steps it arrives last, and
+    nothing of it when the baseline transfer was never seen (slow from the first step)."""
+    node = {r: step_change(0.5, 150) for r in range(8, 16)}
+    plain = JobSpec("9", 32, 400, seed=3, compute_slow=node)
+    slower = JobSpec("9", 32, 400, seed=3, compute_slow=node, comm_slow_from=150)
+    first = _stragglers(_run(plain))[0]
+    both = _stragglers(_run(slower))[0]
+    assert (first.node, both.node) == ("n0001", "n0001")  # ranks 8..15: the second node
+    assert first.job_loss_pct is not None
+    assert both.job_loss_pct is not None
+    # The transfer is 3x longer: +2 transfers on each step the node arrives last.
+    spec = JobSpec("9", 32, 400, seed=3)
+    extra = 100.0 * 2 * spec.transfer_s / (spec.compute_s * 1.5 + 3 * spec.transfer_s)
+    assert both.job_loss_pct - first.job_loss_pct == pytest.approx(extra, rel=0.35)
+    from_start = {r: step_change(0.5, 0) for r in range(8, 16)}
+    plain0 = _stragglers(_run(JobSpec("9", 32, 400, seed=3, compute_slow=from_start)))[0]
+    both0 = JobSpec("9", 32, 400, seed=3, compute_slow=from_start, comm_slow_from=0)
+    slower0 = _stragglers(_run(both0))[0]
+    assert plain0.job_loss_pct is not None
+    assert slower0.job_loss_pct is not None
+    assert slower0.job_loss_pct <= plain0.job_loss_pct  # no baseline: nothing added
+
+
+def test_the_transfer_excess_counts_only_the_nodes_late_steps() -> None:
+    from slurm_plugin.detection.attribution import transfer_excess  # noqa: PLC0415
+
+    comm = np.array([[0.5, 0.1, 0.4], [0.2, 0.4, 0.3], [np.nan, 0.3, 0.6]])
+    node = np.array([1])
+    assert transfer_excess(comm, node, None) is None
+    excess = transfer_excess(comm, node, 0.05)
+    assert excess is not None
+    assert excess.tolist() == pytest.approx([0.05, 0.0, 0.25])
