@@ -40,7 +40,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=25.1"
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[torch,metrics,demo,arrow]" --group dev
+	$(BIN)/python -m pip install -q -e ".[torch,metrics,demo,arrow,nvml,lightning,hf]" --group dev
 	touch $@
 
 # Bring the local cluster up, run every test tier that this machine can run, and always bring

@@ -3,6 +3,9 @@
 The fake NVML lives beside the real probe (:mod:`slurm_plugin.probes.fake_nvml`);
 ``build_ib_tree`` writes a fake sysfs InfiniBand tree for :mod:`slurm_plugin.health.fabric`.
 
+``RecordingReporter`` stands in for a :class:`~slurm_plugin.telemetry.reporter.StepReporter`
+where an instrumentation is tested without Redis: it keeps what the timers report.
+
 ``FakeScheduler`` is the :class:`~slurm_plugin.slurm.scheduler.Scheduler` seam for unit tests of
 the control loop: scripted jobs and nodes, every call recorded, failures injectable; with
 ``FakeClock`` the rails can be tested rail by rail without a cluster.
@@ -13,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from slurm_plugin.errors import JobNotFoundError
 from slurm_plugin.health.fabric import COUNTERS
@@ -41,6 +45,41 @@ def build_ib_tree(
             (port / "counters" / name).write_text(f"{(counters or {}).get(name, 0)}\n")
         ports.append(port)
     return ports
+
+
+class RecordingReporter:
+    """A stand-in for ``StepReporter`` that keeps what it is given (``fail``: every record
+    raises, as a broken reporter would)."""
+
+    enabled = True
+    group = ""
+
+    def __init__(self, fail: bool = False) -> None:
+        #: (step, step_s, compute_s, comm_s) in the order reported.
+        self.steps: list[tuple[int, float, float | None, float | None]] = []
+        self.events: list[dict[str, Any]] = []
+        self.fail = fail
+
+    def record(
+        self,
+        step: int,
+        step_s: float,
+        compute_s: float | None = None,
+        comm_s: float | None = None,
+        data_s: float | None = None,
+    ) -> None:
+        if self.fail:
+            raise RuntimeError("reporter broken")
+        self.steps.append((step, step_s, compute_s, comm_s))
+
+    def event(self, name: str, **fields: Any) -> None:
+        self.events.append({"name": name, **fields})
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        return True
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        return None
 
 
 class FakeClock:

@@ -24,46 +24,25 @@ host runs ahead of the device.
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import GradBucket
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch._C._distributed_c10d import BuiltinCommHookType, GradBucket
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from slurm_plugin.telemetry import waits
+from slurm_plugin.telemetry.clocks import Clock, CudaClock, clock_for
 from slurm_plugin.telemetry.reporter import StepReporter
 
-
-class _Clock(Protocol):
-    def mark(self) -> Any: ...
-    def ready(self, token: Any) -> bool: ...
-    def seconds(self, start: Any, end: Any) -> float: ...
-
-
-class _WallClock:
-    def mark(self) -> float:
-        return time.perf_counter()
-
-    def ready(self, token: Any) -> bool:
-        return True
-
-    def seconds(self, start: float, end: float) -> float:
-        return max(0.0, end - start)
-
-
-class _CudaClock:  # pragma: no cover - exercised only where a GPU exists
-    def mark(self) -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        event.record()
-        return event
-
-    def ready(self, token: torch.cuda.Event) -> bool:
-        return bool(token.query())  # type: ignore[no-untyped-call]
-
-    def seconds(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
-        return max(0.0, float(start.elapsed_time(end)) / 1000.0)
+_Hook = Callable[[Any, GradBucket], torch.futures.Future[torch.Tensor]]
+_BUILTIN_HOOKS: dict[Any, _Hook] = {
+    BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+    BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook,
+}
 
 
 @dataclass
@@ -88,11 +67,34 @@ class DDPTimer:
         self.reporter = reporter
         self.step = start_step
         on_cuda = any(p.is_cuda for p in model.parameters())
-        self._clock: _Clock = _CudaClock() if on_cuda else _WallClock()
+        self._clock: Clock = clock_for(on_cuda)
         self._current: _Step | None = None
         self._closed: deque[tuple[_Step, float]] = deque(maxlen=64)
+        # The all-reduce this hook times: DDP's default, or the hook the job registers later
+        # (see :meth:`use_hook`; DDP takes one communication hook per model).
+        self._hook_state: Any = process_group
+        self._hook: _Hook = default_hooks.allreduce_hook
         model.register_forward_pre_hook(self._on_forward)
         model.register_comm_hook(process_group, self._comm_hook)
+        # The job (or its framework: Lightning on CUDA) may register its own hook after ours;
+        # DDP would refuse a second one, so ours runs theirs inside the timing instead.
+        model.register_comm_hook = self.use_hook  # type: ignore[method-assign]
+        model._register_builtin_comm_hook = self._use_builtin_hook  # type: ignore[method-assign]
+        model._straggler_timer = self  # type: ignore[assignment]
+        waits.process.ddp_timing = True
+        if waits.process.timer is not None:  # the collective timer would count steps twice
+            waits.process.timer.reporting = False
+
+    def use_hook(self, state: Any, hook: _Hook) -> None:
+        """Run ``hook(state, bucket)`` for the all-reduce, inside the timing (what
+        ``DistributedDataParallel.register_comm_hook`` does once ours is registered)."""
+        self._hook_state, self._hook = state, hook
+
+    def _use_builtin_hook(self, comm_hook_type: Any) -> None:
+        hook = _BUILTIN_HOOKS.get(comm_hook_type)
+        if hook is None:
+            raise ValueError(f"built-in communication hook {comm_hook_type} is not supported")
+        self.use_hook(None, hook)
 
     def _on_forward(self, _module: torch.nn.Module, _args: Any) -> None:
         if not torch.is_grad_enabled():
@@ -112,7 +114,7 @@ class DDPTimer:
         step = self._current
         if step is not None:
             step.ready = self._clock.mark()
-        future = allreduce_hook(process_group, bucket)  # type: ignore[arg-type]
+        future = self._hook(self._hook_state, bucket)
 
         def _completed(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
             if step is not None:
@@ -141,12 +143,20 @@ class DDPTimer:
             )
             self.step += 1
 
+    @property
+    def completed(self) -> int:
+        """Steps completed so far (reported or about to be): the step a checkpoint saves."""
+        current = self._current
+        return (
+            self.step + len(self._closed) + int(current is not None and current.ready is not None)
+        )
+
     def finish(self) -> None:
         """Close the step in progress and report every completed one (call after training)."""
         if self._current is not None and self._current.ready is not None:
             self._closed.append((self._current, time.perf_counter()))
             self._current = None
-        if isinstance(self._clock, _CudaClock):  # pragma: no cover - GPU only
+        if isinstance(self._clock, CudaClock):  # pragma: no cover - GPU only
             torch.cuda.synchronize()
         self._emit_ready()
 
@@ -167,13 +177,26 @@ def attach(
         timer = attach(model, reporter, start_step=resumed_step)
         ...train...
         timer.finish(); reporter.close()
+
+    A model already timed (the code-free mode or an integration timed it as it was built) is
+    not timed twice: its timer reports to ``reporter`` from now on, from ``start_step``.
     """
     if reporter.enabled and not reporter.group:  # Megatron-style stages are peer groups
         reporter.group = group_from_megatron()
+    existing = getattr(model, "_straggler_timer", None)
+    if isinstance(existing, DDPTimer):
+        existing.reporter = reporter
+        existing.step = max(existing.step, start_step)
+        return existing
     return DDPTimer(model, reporter, process_group=process_group, start_step=start_step)
 
 
-def group_from_mesh(mesh: Any, data_parallel: tuple[str, ...] = ("dp", "ddp", "fsdp")) -> str:
+#: Mesh dimension names of data parallelism (FSDP2's HSDP meshes, torchtitan's, Megatron's):
+#: ranks that differ only along these do the same work.
+DATA_PARALLEL_DIMS = ("dp", "ddp", "fsdp", "replicate", "shard", "dp_replicate", "dp_shard", "cp")
+
+
+def group_from_mesh(mesh: Any, data_parallel: tuple[str, ...] = DATA_PARALLEL_DIMS) -> str:
     """A peer-group label from a ``DeviceMesh``: this rank's coordinates on every dimension
     that is not data parallel (``pp=2.tp=0``). Ranks with the same label do the same work;
     pass it as ``StepReporter(group=...)`` or ``STRAGGLER_GROUP``. A 1-D (pure data-parallel)
