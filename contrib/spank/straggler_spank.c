@@ -5,6 +5,12 @@
  *
  * plugstack.conf:
  *   optional /path/straggler_spank.so policies=observe,evict,evict-aggressive,off default=observe
+ *            autoload=/path/slurm_plugin/telemetry/autoload telemetry=off
+ *
+ * --straggler-telemetry=auto (or telemetry=auto in plugstack.conf, for every job) puts the
+ * autoload directory first on the tasks' PYTHONPATH and sets STRAGGLER_AUTO=1: every PyTorch
+ * rank reports its timings with no change to the training script (the code-free mode);
+ * --straggler-telemetry=off turns it off for one job.
  *
  * Values reach the prolog/epilog as SPANK_STRAGGLER_* (spank_job_control_setenv in the
  * allocator/local context) and the job's tasks as STRAGGLER_* (spank_setenv in the remote
@@ -23,6 +29,8 @@ SPANK_PLUGIN(straggler, 1);
 
 #define NAME_MAX_LEN 63
 #define LIST_MAX_LEN 1023
+#define PATH_MAX_LEN 1023
+#define ENV_MAX_LEN 8191
 
 static char allowed[LIST_MAX_LEN + 1] = "observe,evict,evict-aggressive,off";
 static char default_policy[NAME_MAX_LEN + 1] = "observe";
@@ -30,6 +38,9 @@ static char policy[NAME_MAX_LEN + 1] = "";
 static char max_requeues[16] = "";
 static char min_slowdown[16] = "";
 static char notify[16] = "";
+static char telemetry[16] = "";
+static char telemetry_default[16] = "off";
+static char autoload[PATH_MAX_LEN + 1] = "";
 
 static int copy_value(char *dst, size_t size, const char *src)
 {
@@ -114,6 +125,23 @@ static int opt_notify(int val, const char *optarg, int remote)
     return copy_value(notify, sizeof(notify), optarg);
 }
 
+static int is_telemetry_mode(const char *value)
+{
+    return value != NULL && (strcmp(value, "auto") == 0 || strcmp(value, "off") == 0);
+}
+
+static int opt_telemetry(int val, const char *optarg, int remote)
+{
+    (void)val;
+    (void)remote;
+    if (!is_telemetry_mode(optarg)) {
+        slurm_error("straggler: --straggler-telemetry must be auto or off, not '%s'",
+                    optarg ? optarg : "");
+        return -1;
+    }
+    return copy_value(telemetry, sizeof(telemetry), optarg);
+}
+
 static struct spank_option options[] = {
     {"straggler-policy", "NAME",
      "Straggler policy of this job (see `straggler policy list`).", 1, 0, opt_policy},
@@ -124,6 +152,9 @@ static struct spank_option options[] = {
      opt_min_slowdown},
     {"straggler-notify", "off|log|comment",
      "How the job hears about detections.", 1, 0, opt_notify},
+    {"straggler-telemetry", "auto|off",
+     "auto: every PyTorch rank reports its timings, no code change; off: only explicit calls.",
+     1, 0, opt_telemetry},
     SPANK_OPTIONS_TABLE_END
 };
 
@@ -138,6 +169,18 @@ static int parse_args(int ac, char **av)
         } else if (strncmp(av[i], "default=", 8) == 0) {
             if (copy_value(default_policy, sizeof(default_policy), av[i] + 8) < 0)
                 return -1;
+        } else if (strncmp(av[i], "telemetry=", 10) == 0) {
+            if (!is_telemetry_mode(av[i] + 10)) {
+                slurm_error("straggler: plugstack telemetry= must be auto or off, not '%s'",
+                            av[i] + 10);
+                return -1;
+            }
+            copy_value(telemetry_default, sizeof(telemetry_default), av[i] + 10);
+        } else if (strncmp(av[i], "autoload=", 9) == 0) {
+            if (av[i][9] != '/' || copy_value(autoload, sizeof(autoload), av[i] + 9) < 0) {
+                slurm_error("straggler: plugstack autoload= must be an absolute path");
+                return -1;
+            }
         } else {
             slurm_error("straggler: unknown plugstack argument '%s'", av[i]);
             return -1;
@@ -197,6 +240,35 @@ static void export_task(spank_t sp, const char *name, const char *value)
         spank_setenv(sp, name, value, 1);
 }
 
+/* The code-free mode: the autoload directory first on the tasks' PYTHONPATH. */
+static void export_telemetry(spank_t sp)
+{
+    const char *mode = telemetry[0] ? telemetry : telemetry_default;
+    char old[ENV_MAX_LEN + 1] = "";
+    char path[ENV_MAX_LEN + 1];
+    int n;
+
+    if (strcmp(mode, "auto") != 0) {
+        spank_setenv(sp, "STRAGGLER_AUTO", "0", 1);
+        return;
+    }
+    if (autoload[0] == '\0') {
+        slurm_info("straggler: --straggler-telemetry=auto needs autoload= in plugstack.conf; "
+                   "the job runs without code-free telemetry");
+        return;
+    }
+    if (spank_getenv(sp, "PYTHONPATH", old, sizeof(old)) != ESPANK_SUCCESS)
+        old[0] = '\0';
+    n = old[0] ? snprintf(path, sizeof(path), "%s:%s", autoload, old)
+               : snprintf(path, sizeof(path), "%s", autoload);
+    if (n < 0 || (size_t)n >= sizeof(path)) {
+        slurm_info("straggler: PYTHONPATH too long; the job runs without code-free telemetry");
+        return;
+    }
+    spank_setenv(sp, "PYTHONPATH", path, 1);
+    spank_setenv(sp, "STRAGGLER_AUTO", "1", 1);
+}
+
 int slurm_spank_user_init(spank_t sp, int ac, char **av)
 {
     (void)ac;
@@ -207,5 +279,6 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
     export_task(sp, "STRAGGLER_MAX_REQUEUES", max_requeues);
     export_task(sp, "STRAGGLER_MIN_SLOWDOWN", min_slowdown);
     export_task(sp, "STRAGGLER_NOTIFY", notify);
+    export_telemetry(sp);
     return 0;
 }

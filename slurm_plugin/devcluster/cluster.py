@@ -27,6 +27,9 @@ from slurm_plugin.slurm.release import SlurmRelease, parse_version
 from slurm_plugin.slurm.runner import run_command
 from slurm_plugin.telemetry.store import ping
 
+#: The code-free mode's sitecustomize directory (SPANK ``autoload=``).
+AUTOLOAD_DIR = Path(__file__).resolve().parents[1] / "telemetry" / "autoload"
+
 log = structlog.get_logger(__name__)
 
 REQUIRED_PROGRAMS = (
@@ -209,6 +212,7 @@ class DevCluster:
         names = sorted(p.stem for p in policies.glob("*.toml")) or ["observe"]
         return (
             f"optional {source / 'straggler_spank.so'} policies={','.join(names)} default=observe"
+            f" autoload={AUTOLOAD_DIR}"
         )
 
     def _make_dirs(self) -> None:

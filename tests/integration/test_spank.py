@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.devcluster.cluster import AUTOLOAD_DIR
 from slurm_plugin.service.state import ServiceState
 from tests.integration.conftest import Slurm, install_prolog, wait_cycles, wait_for
 
@@ -20,6 +21,7 @@ OPTIONS = (
     "--straggler-max-requeues",
     "--straggler-min-slowdown",
     "--straggler-notify",
+    "--straggler-telemetry",
 )
 
 
@@ -61,6 +63,31 @@ def test_tasks_see_their_policy(slurm: Slurm, job_dir: Path) -> None:
     assert "STRAGGLER_POLICY=evict" in chosen.read_text()
     assert "STRAGGLER_NOTIFY=log" in chosen.read_text()
     assert "STRAGGLER_POLICY=observe" in plain.read_text()
+
+
+def test_code_free_telemetry_is_put_on_the_tasks_python_path(slurm: Slurm, job_dir: Path) -> None:
+    """--straggler-telemetry=auto: the autoload directory first on PYTHONPATH (the job's own
+    entries kept after it) and STRAGGLER_AUTO=1; without it (the plugin's default, off),
+    STRAGGLER_AUTO=0 and PYTHONPATH untouched; a bad value fails the submission."""
+    auto, plain = job_dir / "auto.out", job_dir / "plain.out"
+    env_line = "srun sh -c 'echo PYTHONPATH=$PYTHONPATH; echo STRAGGLER_AUTO=$STRAGGLER_AUTO'"
+    a = slurm.sbatch(
+        "--straggler-telemetry=auto",
+        "--export=ALL,PYTHONPATH=/opt/job",
+        f"--output={auto}",
+        "--wrap",
+        env_line,
+    )
+    b = slurm.sbatch("--export=ALL,PYTHONPATH=/opt/job", f"--output={plain}", "--wrap", env_line)
+    slurm.wait_job(a, "COMPLETED")
+    slurm.wait_job(b, "COMPLETED")
+    assert f"PYTHONPATH={AUTOLOAD_DIR}:/opt/job\n" in auto.read_text()
+    assert "STRAGGLER_AUTO=1\n" in auto.read_text()
+    assert "PYTHONPATH=/opt/job\n" in plain.read_text()
+    assert "STRAGGLER_AUTO=0\n" in plain.read_text()
+    bad = slurm.run("sbatch", "--straggler-telemetry=yes", "--wrap", "true", check=False)
+    assert bad.returncode != 0
+    assert "must be auto or off" in bad.stderr
 
 
 @pytest.fixture
