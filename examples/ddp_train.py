@@ -12,11 +12,10 @@ last checkpoint. gloo on CPU, NCCL when CUDA is available.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
 
-import hostlist
+import _launch
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -24,26 +23,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from slurm_plugin import StepReporter
 from slurm_plugin.telemetry.torch import attach
-
-
-def _setup() -> tuple[int, int, torch.device]:
-    rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
-    world = int(os.environ.get("SLURM_NTASKS", os.environ.get("WORLD_SIZE", "1")))
-    nodes = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
-    os.environ.setdefault(
-        "MASTER_ADDR", hostlist.expand_hostlist(nodes)[0] if nodes else "127.0.0.1"
-    )
-    job = int(os.environ.get("SLURM_JOB_ID", "0"))
-    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-    os.environ.setdefault("MASTER_PORT", str(20000 + (job * 7 + restart) % 20000))
-    cuda = torch.cuda.is_available()
-    device = (
-        torch.device("cuda", int(os.environ.get("SLURM_LOCALID", "0")))
-        if cuda
-        else torch.device("cpu")
-    )
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
-    return rank, world, device
 
 
 def _model(width: int) -> nn.Module:
@@ -61,7 +40,7 @@ def main() -> None:
     parser.add_argument("--ckpt-every", type=int, default=20)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rank, world, device = _setup()
+    rank, world, device = _launch.init()
     torch.manual_seed(1234 + rank)
     model = DistributedDataParallel(_model(args.width).to(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,14 +70,19 @@ def run_scenario(
     redis_db: int,
     say: Callable[[str], None] = print,
     timeout_s: float = 720.0,
+    script: Path = REPO / "examples" / "ddp_train.sbatch",
+    submit_args: Sequence[str] = (),
+    job_env: Mapping[str, str] | None = None,
+    until: Callable[[dict[str, str]], bool] | None = None,
 ) -> DemoRun:
-    """Submit the DDP job under ``policy``, slow node3 at step ``slow_at``, wait for the end."""
+    """Submit the job ``script`` (the demo's DDP job by default; ``submit_args`` and
+    ``job_env`` added) under ``policy``, slow node3 at step ``slow_at``, and wait for the end,
+    or until ``until(job record)`` holds (the job is then cancelled)."""
     url = cluster.redis_url.rsplit("/", 1)[0] + f"/{redis_db}"
     redis.Redis.from_url(url).flushdb()
     work.mkdir(parents=True, exist_ok=True)
     work.chmod(0o777)
-    ckpt = work / "ckpt"
-    shutil.rmtree(ckpt, ignore_errors=True)
+    shutil.rmtree(work / "ckpt", ignore_errors=True)
     env = {
         **os.environ,
         **cluster.env(),
@@ -85,25 +90,19 @@ def run_scenario(
         "STRAGGLER_POLICY_DIR": str(REPO / "policies"),
         "STRAGGLER_SERVICE_INTERVAL_S": "1",
         "PYTHON": sys.executable,
-        "CKPT_DIR": str(ckpt),
+        "CKPT_DIR": str(work / "ckpt"),
         "STEPS": str(steps),
         "PYTHONPATH": str(REPO),
+        **(job_env or {}),
     }
-    service_log = (work / "service.log").open("wb")
-    service = subprocess.Popen(
-        [sys.executable, "-m", "slurm_plugin.cli.main", "--log-level", "info", "serve"],
-        env=env,
-        stdout=service_log,
-        stderr=service_log,
-        cwd=REPO,
-    )
+    service, service_log = _serve(env, work)
     cluster.up(prolog=_prolog(work, url))  # our prolog registers the job's SPANK choices
     store = TelemetryStore(connect(url))
     state = ServiceState(connect(url, decode=True))
     quota = CpuQuota(cluster.base / "run", SLOW_NODE, quota_pct)
     run = DemoRun(policy=policy, started=time.time())
     try:
-        run.job_id = _submit(policy, work, env)
+        run.job_id = _submit(policy, work, env, script, submit_args)
         say(f"submitted job {run.job_id} (policy {policy}, {steps} steps, 6 ranks on 3 nodes)")
         deadline = time.time() + timeout_s
         last_line = ""
@@ -119,19 +118,14 @@ def run_scenario(
                     f"step {step}: {SLOW_NODE} limited to {quota_pct:g}% of a CPU "
                     f"({moved} processes)"
                 )
-            decisions = state.job_decisions(run.job_id)
-            latest = decisions[-1] if decisions else {}
-            line = (
-                f"[{time.time() - run.started:5.1f}s] {record.get('JobState', '?'):9} "
-                f"nodes={record.get('NodeList', '?'):12} restarts={record.get('Restarts')} "
-                f"reason={record.get('Reason', '?')} "
-                f"step={step:4d}  decision={latest.get('decision', latest.get('action', '-'))}"
-                f" {latest.get('state', '')}"
-            )
-            if line.split("] ", 1)[1] != last_line:
-                say(line)
-                last_line = line.split("] ", 1)[1]
+            line = _progress(record, step, state.job_decisions(run.job_id))
+            if line != last_line:
+                say(f"[{time.time() - run.started:5.1f}s] {line}")
+                last_line = line
             if record.get("JobState") in {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}:
+                break
+            if until is not None and until(record):
+                say(f"stopping job {run.job_id}: what was awaited happened")
                 break
             time.sleep(1)
         else:
@@ -140,6 +134,8 @@ def run_scenario(
                 + _cluster_view(env)
             )
         _collect(run, env, store, state, work)
+        if run.job.get("JobState") not in {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}:
+            run_command(["scancel", run.job_id], timeout_s=15, env=env, check=False)
     finally:
         if run.job_id and not run.finished:  # interrupted: leave no job behind
             run_command(["scancel", run.job_id], timeout_s=15, env=env, check=False)
@@ -149,6 +145,32 @@ def run_scenario(
         service.wait()
         service_log.close()
     return run
+
+
+def _serve(env: dict[str, str], work: Path) -> tuple[subprocess.Popen[bytes], Any]:
+    """Start the policy service for the run, logging to ``work/service.log``."""
+    service_log = (work / "service.log").open("wb")
+    service = subprocess.Popen(
+        [sys.executable, "-m", "slurm_plugin.cli.main", "--log-level", "info", "serve"],
+        env=env,
+        stdout=service_log,
+        stderr=service_log,
+        cwd=REPO,
+    )
+    return service, service_log
+
+
+def _progress(record: dict[str, str], step: int, decisions: list[dict[str, str]]) -> str:
+    """One line of the run's progress: the job as Slurm shows it, its step, the latest
+    decision."""
+    latest = decisions[-1] if decisions else {}
+    return (
+        f"{record.get('JobState', '?'):9} "
+        f"nodes={record.get('NodeList', '?'):12} restarts={record.get('Restarts')} "
+        f"reason={record.get('Reason', '?')} "
+        f"step={step:4d}  decision={latest.get('decision', latest.get('action', '-'))}"
+        f" {latest.get('state', '')}"
+    )
 
 
 def _collect(
@@ -189,8 +211,10 @@ def _cluster_view(env: dict[str, str]) -> str:
     return "\n".join(out)
 
 
-def _submit(policy: str, work: Path, env: dict[str, str]) -> str:
-    """Submit the demo job; returns its id."""
+def _submit(
+    policy: str, work: Path, env: dict[str, str], script: Path, submit_args: Sequence[str]
+) -> str:
+    """Submit the job; returns its id."""
     # The policy as shipped. Six ranks share 2 cores here, so bursts of contention reach
     # ~180 % for seconds: they are reported, and never evicted (a slowdown seconds old is
     # expected to pass); node3's slowdown is evicted once it has lasted long enough.
@@ -202,7 +226,8 @@ def _submit(policy: str, work: Path, env: dict[str, str]) -> str:
             f"--output={work / 'job.log'}",
             "--chdir",
             str(REPO),
-            str(REPO / "examples" / "ddp_train.sbatch"),
+            *submit_args,
+            str(script),
         ],
         timeout_s=30,
         env=env,

@@ -1,0 +1,114 @@
+"""Every training stack reports what finds its straggler, and the straggler is evicted.
+
+For FSDP2, PyTorch Lightning (ddp strategy), the Hugging Face Trainer and an FSDP2 script with
+no slurm-straggler code in it (the code-free mode, through the SPANK option), a 3-node job on
+the dev cluster has node3 slowed down for real (a cgroup CPU quota): the service finds node3
+from its compute, evicts it under the shipped ``evict`` policy, and Slurm runs the job again
+without node3. The telemetry shows why: node3's rank computes longer and waits less than it
+did, the others wait longer. (Plain DDP is the demo's job: ``test_demo``.)
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.config import Settings
+from slurm_plugin.demo.run import REPO, DemoRun, run_scenario
+from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.errors import DevClusterError
+from slurm_plugin.slurm.parsers import expand_hostlist
+
+pytest.importorskip("torch", reason="the torch extra is installed by `make install`")
+
+#: stack -> (examples/ script, the modules it needs, sbatch options)
+STACKS = {
+    "fsdp2": ("fsdp2_train.py", "torch", ()),
+    "lightning": ("lightning_train.py", "lightning", ()),
+    "hf-trainer": ("hf_train.py", "transformers", ()),
+    "fsdp2-code-free": ("fsdp2_plain.py", "torch", ("--straggler-telemetry=auto",)),
+}
+
+
+def _requeued(record: dict[str, str]) -> bool:
+    """Slurm runs the job again after a requeue."""
+    return int(record.get("Restarts") or 0) >= 1 and record.get("JobState") == "RUNNING"
+
+
+def _median(run: DemoRun, node: str, attr: str, *, after_onset: bool) -> float:
+    onset = run.onset_ts or 0.0
+    values = [
+        getattr(r, attr)
+        for r in run.records
+        if r.attempt == 0
+        and r.node == node
+        and getattr(r, attr) is not None
+        and ((r.ts > onset + 10) if after_onset else (r.ts < onset and r.step >= 5))
+    ]
+    assert values, f"no {attr} of {node} {'after' if after_onset else 'before'} the onset"
+    return float(statistics.median(values))
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_a_slow_node_is_found_from_its_compute_and_evicted(
+    stack: str, cluster: DevCluster, tmp_path: Path
+) -> None:
+    script, needs, submit_args = STACKS[stack]
+    pytest.importorskip(needs, reason="the stacks' extras are installed by `make install`")
+    lines: list[str] = []
+
+    def seen() -> str:
+        log_path = tmp_path / "run" / "service.log"
+        log = log_path.read_text().splitlines() if log_path.exists() else []
+        job_log = tmp_path / "run" / "job.log"
+        out = job_log.read_text().splitlines()[-30:] if job_log.exists() else []
+        decisions = [x for x in log if "service.cycle" not in x][-40:]
+        return "\n".join([*lines[-40:], *decisions, "-- job log --", *out])
+
+    try:
+        run = run_scenario(
+            Settings(),
+            cluster,
+            tmp_path / "run",
+            policy="evict",
+            steps=100_000,  # runs until the test has seen the requeue
+            slow_at=40,
+            quota_pct=10,
+            redis_db=10,
+            say=lines.append,
+            timeout_s=600,
+            script=REPO / "examples" / "stack.sbatch",
+            submit_args=submit_args,
+            job_env={"SCRIPT": script},
+            until=_requeued,
+        )
+    except DevClusterError as exc:
+        pytest.fail(f"{exc}\n{seen()}")
+    assert run.onset_ts is not None, seen()
+    evictions = [d for d in run.decisions if d.get("action") == "evict"]
+    assert [d["node"] for d in evictions] == ["node3"], seen()
+    assert evictions[0]["cause"] == "compute", seen()
+    assert _requeued(run.job), seen()
+    assert "node3" in expand_hostlist(run.job.get("ExcNodeList", "")), seen()
+    assert "node3" not in expand_hostlist(run.job["NodeList"]), seen()
+    # Why: node3's ranks compute far longer than before and than the others, and wait less
+    # than the others, who wait longer for them. (Its own wait grows too: a CPU quota also
+    # slows the rank's share of the collectives' work.)
+    compute = {
+        (n, a): _median(run, n, "compute_s", after_onset=a)
+        for n in ("node1", "node2", "node3")
+        for a in (False, True)
+    }
+    wait = {
+        (n, a): _median(run, n, "comm_s", after_onset=a)
+        for n in ("node1", "node2", "node3")
+        for a in (False, True)
+    }
+    figures = f"compute {compute}\nwait {wait}"
+    assert compute["node3", True] > 2 * compute["node3", False], figures
+    for node in ("node1", "node2"):
+        assert wait[node, True] > wait[node, False] + 0.05, figures
+        assert wait[node, True] > 1.3 * wait["node3", True], figures
+        assert compute["node3", True] > 2 * compute[node, True], figures
