@@ -19,7 +19,7 @@ RELEASE_TESTS ?= tests/unit/test_slurm_releases.py tests/integration/test_schedu
                  tests/integration/test_cluster_harness.py tests/integration/test_service.py \
                  tests/integration/test_spank.py
 
-.PHONY: install system-packages test-packages test test-releases demo lint cluster-up cluster-down clean
+.PHONY: install system-packages test-packages test test-gpu test-releases demo lint cluster-up cluster-down clean
 
 install: system-packages $(VENV)/.installed
 
@@ -53,6 +53,23 @@ test: install test-packages
 	fi; \
 	$(BIN)/straggler devcluster down || true; \
 	exit $$status
+
+# The checks that need an NVIDIA GPU (tests/gpu/check.py: the real NVML probe, the prolog's
+# GPU checks timed, DDP and FSDP2 with CUDA-event timing, the code-free mode), in their own
+# venv with a CUDA build of torch; one table at the end. Without a GPU: one line, exit 0.
+GPU_VENV ?= .venv-gpu
+GPU_TORCH_SPEC ?= torch==2.13.0
+test-gpu:
+	@if ! nvidia-smi -L >/dev/null 2>&1; then \
+	  echo "test-gpu: no NVIDIA GPU on this machine (nvidia-smi finds none); nothing to check"; \
+	  exit 0; fi; \
+	command -v redis-server >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get install -y -qq \
+	  --no-install-recommends redis-server >/dev/null 2>&1; } || true; \
+	set -e; $(PYTHON) -m venv $(GPU_VENV); \
+	$(GPU_VENV)/bin/python -m pip install -q --upgrade "pip>=25.1"; \
+	$(GPU_VENV)/bin/python -m pip install -q "$(GPU_TORCH_SPEC)"; \
+	$(GPU_VENV)/bin/python -m pip install -q -e ".[torch,nvml]" --group dev; \
+	timeout 480 $(GPU_VENV)/bin/python -m tests.gpu.check
 
 # What only the tests need: headless Chromium renders the demo report (tests/integration/
 # test_report.py).
