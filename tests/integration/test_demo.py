@@ -13,6 +13,7 @@ from slurm_plugin.demo.report import render
 from slurm_plugin.demo.run import run_scenario, summarize
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.errors import DevClusterError
+from tests.integration.test_stacks import check_why
 
 pytest.importorskip("torch", reason="the torch extra is installed by `make install`")
 
@@ -46,6 +47,7 @@ def test_straggler_is_evicted_and_the_job_resumes_elsewhere(
     except DevClusterError as exc:
         pytest.fail(f"{exc}\n{seen()}")
     summary = summarize(run)
+    check_why(run)  # node3's ranks: compute up, wait down against the others'
     assert summary["state"] == "COMPLETED", seen()
     assert summary["restarts"] == 1, seen()
     assert "node3" not in summary["final_nodes"]

@@ -93,19 +93,18 @@ def test_a_slow_node_is_found_from_its_compute_and_evicted(
     assert _requeued(run.job), seen()
     assert "node3" in expand_hostlist(run.job.get("ExcNodeList", "")), seen()
     assert "node3" not in expand_hostlist(run.job["NodeList"]), seen()
-    # Why: node3's ranks compute far longer than before and than the others, and wait less
-    # than the others, who wait longer for them. (Its own wait grows too: a CPU quota also
-    # slows the rank's share of the collectives' work.)
+    check_why(run)
+
+
+def check_why(run: DemoRun) -> None:
+    """Why node3 was found: its ranks compute far longer than before and than the others, and
+    wait less than the others, who wait longer for them than before. (Its own wait may grow
+    too: a CPU quota also slows the rank's share of the collectives' work.)"""
+    nodes = ("node1", "node2", "node3")
     compute = {
-        (n, a): _median(run, n, "compute_s", after_onset=a)
-        for n in ("node1", "node2", "node3")
-        for a in (False, True)
+        (n, a): _median(run, n, "compute_s", after_onset=a) for n in nodes for a in (False, True)
     }
-    wait = {
-        (n, a): _median(run, n, "comm_s", after_onset=a)
-        for n in ("node1", "node2", "node3")
-        for a in (False, True)
-    }
+    wait = {(n, a): _median(run, n, "comm_s", after_onset=a) for n in nodes for a in (False, True)}
     figures = f"compute {compute}\nwait {wait}"
     assert compute["node3", True] > 2 * compute["node3", False], figures
     for node in ("node1", "node2"):

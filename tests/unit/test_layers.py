@@ -42,6 +42,12 @@ PRODUCTION = (
     "slurm_plugin.telemetry.reporter",
     "slurm_plugin.telemetry.sidecar",
     "slurm_plugin.telemetry.torch",
+    "slurm_plugin.telemetry.instrument",
+    "slurm_plugin.telemetry.auto",
+    "slurm_plugin.telemetry.fsdp",
+    "slurm_plugin.telemetry.lightning",
+    "slurm_plugin.telemetry.hf",
+    "slurm_plugin.telemetry.autoload.sitecustomize",
 )
 DEV_ONLY = ("slurm_plugin.testing", "slurm_plugin.devcluster", "slurm_plugin.demo")
 
