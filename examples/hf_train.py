@@ -44,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     _launch.torch_env()  # what torchrun would set; Accelerate initialises the group
-    config = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=512, n_positions=64)
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=256, n_positions=32)
     training = TrainingArguments(
         output_dir=str(args.ckpt_dir),
         max_steps=args.steps,
@@ -61,7 +61,7 @@ def main() -> None:
     trainer = Trainer(
         model=GPT2LMHeadModel(config),
         args=training,
-        train_dataset=_Tokens(args.steps * args.batch, 64, config.vocab_size),
+        train_dataset=_Tokens(args.steps * args.batch, 32, config.vocab_size),
         callbacks=[StragglerCallback()],
     )
     last = get_last_checkpoint(str(args.ckpt_dir)) if args.ckpt_dir.exists() else None

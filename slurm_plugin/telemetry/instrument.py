@@ -44,14 +44,20 @@ class Instrumentation:
         #: job's single-process helpers are not ranks).
         self.distributed_only = distributed_only
         self.ddp: DDPTimer | None = None
+        self._label(reporter)
+
+    def _label(self, reporter: StepReporter | None) -> None:
+        """Give ``reporter`` this process's peer group, unless the job set one itself
+        (``STRAGGLER_GROUP``, ``StepReporter(group=...)``)."""
+        if reporter is not None and reporter.enabled and not reporter.group:
+            reporter.group = self.group or group_from_megatron()
 
     @property
     def reporter(self) -> StepReporter:
         """The reporter, built from the job's environment the first time it is needed."""
         if self._reporter is None:
             self._reporter = StepReporter.from_env()
-            if self._reporter.enabled and not self._reporter.group:
-                self._reporter.group = self.group or group_from_megatron()
+            self._label(self._reporter)
             # Nobody closes a reporter the job never saw: its last steps go out at exit.
             atexit.register(self._at_exit, self._reporter)
         return self._reporter
@@ -71,9 +77,8 @@ class Instrumentation:
                     timer.reporter = reporter
             if old is not None:
                 old.close(timeout_s=1.0)
-        if group and self._reporter is not None and self._reporter.enabled:
-            self._reporter.group = group
         self.group = group or self.group
+        self._label(self._reporter)
         if start_step:
             self.start_step = max(self.start_step, start_step)
             for timer in (waits.process.timer, self.ddp):

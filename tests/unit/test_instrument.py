@@ -180,3 +180,27 @@ def test_a_ddp_model_is_timed_as_built_once_and_runs_the_jobs_own_hook(group: No
     assert auto.steps == []  # the explicit reporter took over
     assert [s[0] for s in explicit.steps] == [7, 8, 9, 10, 11]  # each step once
     assert all(s[2] is not None and s[3] is not None for s in explicit.steps)
+
+
+def test_gradient_accumulation_is_one_step_and_fsdp_attach_labels_from_the_mesh(
+    group: None,
+) -> None:
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+
+    from slurm_plugin.telemetry import fsdp  # noqa: PLC0415
+
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp_shard", "tp"))
+    model = nn.Linear(8, 2)
+    fully_shard(model, mesh=mesh["dp_shard"])
+    rep = RecordingReporter()
+    fsdp.attach(model, _as_reporter(rep), mesh=mesh)
+    assert rep.group == "tp=0"
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(4):
+        for micro in range(3):  # three micro-batches, one optimizer step
+            model.set_requires_gradient_sync(micro == 2)
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    assert [s[0] for s in rep.steps] == [1, 2, 3]

@@ -171,3 +171,6 @@ def test_a_device_mesh_gives_its_non_data_parallel_coordinates() -> None:
     assert group_from_mesh(Mesh(("dp", "pp", "tp"), [5, 2, 0])) == "pp=2.tp=0"
     assert group_from_mesh(Mesh(("dp",), [5])) == ""
     assert group_from_mesh(Mesh(("replicate", "shard"), [1, 3]), ("replicate", "shard")) == ""
+    # FSDP2's HSDP mesh and torchtitan's names are data parallel by default.
+    assert group_from_mesh(Mesh(("replicate", "shard"), [1, 3])) == ""
+    assert group_from_mesh(Mesh(("dp_replicate", "dp_shard", "tp"), [0, 1, 3])) == "tp=3"
