@@ -1,4 +1,5 @@
-"""How the example jobs find their place in a Slurm job (no slurm-straggler code here).
+"""How the example jobs find their place in a Slurm job, and the options they share (no
+slurm-straggler code here).
 
 ``srun`` starts one process per task; torch.distributed wants RANK, WORLD_SIZE, LOCAL_RANK and
 a rendezvous (MASTER_ADDR/MASTER_PORT): :func:`torch_env` derives them from Slurm's variables
@@ -8,7 +9,9 @@ NCCL when CUDA is available).
 
 from __future__ import annotations
 
+import argparse
 import os
+from pathlib import Path
 
 import hostlist
 import torch
@@ -45,3 +48,14 @@ def init() -> tuple[int, int, torch.device]:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     return rank, world, device
+
+
+def arguments(description: str | None, *, batch: int, width: int) -> argparse.ArgumentParser:
+    """The options every example job takes: steps, batch size, model width, checkpoints."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch", type=int, default=batch)
+    parser.add_argument("--width", type=int, default=width)
+    parser.add_argument("--ckpt-dir", type=Path, required=True)
+    parser.add_argument("--ckpt-every", type=int, default=20)
+    return parser

@@ -11,9 +11,7 @@ last checkpoint. gloo on CPU, NCCL when CUDA is available.
 
 from __future__ import annotations
 
-import argparse
 import time
-from pathlib import Path
 
 import _launch
 import torch
@@ -32,13 +30,7 @@ def _model(width: int) -> nn.Module:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--ckpt-dir", type=Path, required=True)
-    parser.add_argument("--ckpt-every", type=int, default=20)
-    args = parser.parse_args()
+    args = _launch.arguments(__doc__, batch=256, width=1024).parse_args()
     torch.set_num_threads(1)
     rank, world, device = _launch.init()
     torch.manual_seed(1234 + rank)

@@ -11,7 +11,6 @@ checkpoint, without a line of our code. gloo on CPU, NCCL when CUDA is available
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -66,13 +65,8 @@ def _save(model: nn.Module, optimizer: torch.optim.Optimizer, ckpt_dir: Path, st
 def main(on_model: Callable[[nn.Module, int], object] | None = None) -> None:
     """Train; ``on_model(model, start_step)`` is called once the model is sharded and resumed
     (``fsdp2_train.py`` instruments it there)."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch", type=int, default=512)
-    parser.add_argument("--width", type=int, default=512)
+    parser = _launch.arguments(__doc__, batch=512, width=512)
     parser.add_argument("--depth", type=int, default=2)
-    parser.add_argument("--ckpt-dir", type=Path, required=True)
-    parser.add_argument("--ckpt-every", type=int, default=20)
     args = parser.parse_args()
     torch.set_num_threads(1)
     rank, world, device = _launch.init()

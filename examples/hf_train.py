@@ -10,9 +10,6 @@ shared directory; a restarted job resumes from the last one). CPU here, GPUs whe
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
 import _launch
 import torch
 from torch.utils.data import Dataset
@@ -36,15 +33,10 @@ class _Tokens(Dataset[dict[str, torch.Tensor]]):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--ckpt-dir", type=Path, required=True)
-    parser.add_argument("--ckpt-every", type=int, default=20)
-    args = parser.parse_args()
+    args = _launch.arguments(__doc__, batch=8, width=128).parse_args()
     torch.set_num_threads(1)
     _launch.torch_env()  # what torchrun would set; Accelerate initialises the group
-    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=256, n_positions=32)
+    config = GPT2Config(n_layer=2, n_embd=args.width, n_head=4, vocab_size=256, n_positions=32)
     training = TrainingArguments(
         output_dir=str(args.ckpt_dir),
         max_steps=args.steps,

@@ -10,10 +10,9 @@ restarted job (Slurm requeue) resumes from it. CPU here (``--accelerator gpu`` o
 
 from __future__ import annotations
 
-import argparse
 import os
-from pathlib import Path
 
+import _launch
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -57,12 +56,7 @@ class _Net(pl.LightningModule):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--ckpt-dir", type=Path, required=True)
-    parser.add_argument("--ckpt-every", type=int, default=20)
+    parser = _launch.arguments(__doc__, batch=256, width=1024)
     parser.add_argument("--accelerator", default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)

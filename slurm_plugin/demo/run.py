@@ -95,7 +95,7 @@ def run_scenario(
         "PYTHONPATH": str(REPO),
         **(job_env or {}),
     }
-    service, service_log = _serve(env, work)
+    service, service_log = start_service(env, work / "service.log")
     cluster.up(prolog=_prolog(work, url))  # our prolog registers the job's SPANK choices
     store = TelemetryStore(connect(url))
     state = ServiceState(connect(url, decode=True))
@@ -147,9 +147,10 @@ def run_scenario(
     return run
 
 
-def _serve(env: dict[str, str], work: Path) -> tuple[subprocess.Popen[bytes], Any]:
-    """Start the policy service for the run, logging to ``work/service.log``."""
-    service_log = (work / "service.log").open("wb")
+def start_service(env: dict[str, str], log_path: Path) -> tuple[subprocess.Popen[bytes], Any]:
+    """Start ``straggler serve`` (from this checkout) with ``env``, logging to ``log_path``;
+    returns the process and the open log file."""
+    service_log = log_path.open("wb")
     service = subprocess.Popen(
         [sys.executable, "-m", "slurm_plugin.cli.main", "--log-level", "info", "serve"],
         env=env,

@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from slurm_plugin.config import load_settings
+from slurm_plugin.demo.run import start_service
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.service.factory import build
 from slurm_plugin.service.state import ServiceState
@@ -343,14 +344,7 @@ def service(
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`straggler serve` as a real process; stopped after the test."""
     request.node.stash[SERVICE_LOG] = tmp_path / "service.log"
-    log = (tmp_path / "service.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "slurm_plugin.cli.main", "--log-level", "info", "serve"],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=log,
-    )
+    proc, log = start_service(env, tmp_path / "service.log")
     yield proc
     proc.kill()
     proc.wait()

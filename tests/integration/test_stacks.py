@@ -23,12 +23,13 @@ from slurm_plugin.slurm.parsers import expand_hostlist
 
 pytest.importorskip("torch", reason="the torch extra is installed by `make install`")
 
-#: stack -> (examples/ script, the modules it needs, sbatch options)
+#: stack -> (examples/ script, the modules it needs, sbatch options, checkpoint every N steps)
+#: (a checkpoint every ~10 s at the slowed pace: the policy evicts right after one)
 STACKS = {
-    "fsdp2": ("fsdp2_train.py", "torch", ()),
-    "lightning": ("lightning_train.py", "lightning", ()),
-    "hf-trainer": ("hf_train.py", "transformers", ()),
-    "fsdp2-code-free": ("fsdp2_plain.py", "torch", ("--straggler-telemetry=auto",)),
+    "fsdp2": ("fsdp2_train.py", "torch", (), 20),
+    "lightning": ("lightning_train.py", "lightning", (), 20),
+    "hf-trainer": ("hf_train.py", "transformers", (), 5),
+    "fsdp2-code-free": ("fsdp2_plain.py", "torch", ("--straggler-telemetry=auto",), 20),
 }
 
 
@@ -55,7 +56,7 @@ def _median(run: DemoRun, node: str, attr: str, *, after_onset: bool) -> float:
 def test_a_slow_node_is_found_from_its_compute_and_evicted(
     stack: str, cluster: DevCluster, tmp_path: Path
 ) -> None:
-    script, needs, submit_args = STACKS[stack]
+    script, needs, submit_args, every = STACKS[stack]
     pytest.importorskip(needs, reason="the stacks' extras are installed by `make install`")
     lines: list[str] = []
 
@@ -81,7 +82,7 @@ def test_a_slow_node_is_found_from_its_compute_and_evicted(
             timeout_s=600,
             script=REPO / "examples" / "stack.sbatch",
             submit_args=submit_args,
-            job_env={"SCRIPT": script},
+            job_env={"SCRIPT": script, "CKPT_EVERY": str(every)},
             until=_requeued,
         )
     except DevClusterError as exc:
