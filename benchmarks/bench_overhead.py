@@ -3,7 +3,9 @@
 Per integration, the same single-process job (gloo, world size 1: the hooks run, the
 collectives are trivial) with and without it, each in its own process and alternated
 ``--rounds`` times; per-step wall time, median and p99 over every timed step (the first
-``WARMUP`` of each run left out). The reporter is the real one, publishing to
+``WARMUP`` of each run left out). Two models: ``tiny`` (an MLP of width 512, batch 64:
+~2 ms steps, where a fixed cost per step shows most) and ``small`` (the demo's: width 1,024,
+batch 256; the Hugging Face rows are a 2-layer GPT-2 at n_embd 64 and 256). The reporter is the real one, publishing to
 ``$STRAGGLER_REDIS_URL`` (its keys expire a minute after the run; no database is flushed).
 Also ``record()``'s cost on the training thread. Run with the dev cluster up:
 ``python -m benchmarks.bench_overhead``.
@@ -30,21 +32,26 @@ STACKS = ("ddp", "fsdp2", "code-free", "lightning", "hf-trainer")
 
 
 # -- one run (a child process) ---------------------------------------------------------------
-def _model() -> Any:
+#: model -> (width, batch)
+MODELS = {"tiny": (512, 64), "small": (1024, 256)}
+
+
+def _model(width: int) -> Any:
     from torch import nn  # noqa: PLC0415 - the parent process never imports torch
 
     return nn.Sequential(
-        nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+        nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
     )
 
 
-def _torch_loop(stack: str, on: bool, steps: int) -> list[float]:
+def _torch_loop(stack: str, on: bool, steps: int, size: str) -> list[float]:
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
     from torch._C._distributed_c10d import HashStore  # noqa: PLC0415
 
     dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
-    model = _model()
+    width, batch = MODELS[size]
+    model = _model(width)
     if stack == "ddp":
         from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
 
@@ -69,7 +76,7 @@ def _torch_loop(stack: str, on: bool, steps: int) -> list[float]:
     times = []
     for _ in range(steps):
         started = time.perf_counter()
-        loss = model(torch.randn(64, 256)).pow(2).mean()
+        loss = model(torch.randn(batch, 256)).pow(2).mean()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -77,7 +84,7 @@ def _torch_loop(stack: str, on: bool, steps: int) -> list[float]:
     return times
 
 
-def _lightning_loop(on: bool, steps: int) -> list[float]:
+def _lightning_loop(on: bool, steps: int, size: str) -> list[float]:
     import lightning.pytorch as pl  # noqa: PLC0415
     import torch  # noqa: PLC0415
     from torch.utils.data import DataLoader, TensorDataset  # noqa: PLC0415
@@ -85,11 +92,12 @@ def _lightning_loop(on: bool, steps: int) -> list[float]:
     from slurm_plugin.telemetry.lightning import StragglerCallback  # noqa: PLC0415
 
     times: list[float] = []
+    width, batch = MODELS[size]
 
     class Net(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.net = _model()
+            self.net = _model(width)
 
         def training_step(self, batch: Any, _idx: int) -> Any:
             return self.net(batch[0]).pow(2).mean()
@@ -117,12 +125,12 @@ def _lightning_loop(on: bool, steps: int) -> list[float]:
         enable_model_summary=False,
         enable_checkpointing=False,
     )
-    data = TensorDataset(torch.randn(steps * 64, 256))
-    trainer.fit(Net(), DataLoader(data, batch_size=64))
+    data = TensorDataset(torch.randn(steps * batch, 256))
+    trainer.fit(Net(), DataLoader(data, batch_size=batch))
     return times
 
 
-def _hf_loop(on: bool, steps: int, work: Path) -> list[float]:
+def _hf_loop(on: bool, steps: int, size: str, work: Path) -> list[float]:
     import torch  # noqa: PLC0415
     from transformers import (  # noqa: PLC0415
         GPT2Config,
@@ -147,7 +155,8 @@ def _hf_loop(on: bool, steps: int, work: Path) -> list[float]:
 
     ids = torch.randint(0, 256, (steps * 4, 32))
     data = [{"input_ids": x, "labels": x} for x in ids]
-    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=256, n_positions=32)
+    embd = 64 if size == "tiny" else 256
+    config = GPT2Config(n_layer=2, n_embd=embd, n_head=2, vocab_size=256, n_positions=32)
     args = TrainingArguments(
         output_dir=str(work),
         max_steps=steps,
@@ -165,22 +174,22 @@ def _hf_loop(on: bool, steps: int, work: Path) -> list[float]:
     return times
 
 
-def child(stack: str, on: bool, steps: int, work: Path) -> None:
+def child(stack: str, on: bool, steps: int, size: str, work: Path) -> None:
     """One run: print its per-step times as JSON."""
     import torch  # noqa: PLC0415
 
     torch.set_num_threads(1)
     if stack in ("ddp", "fsdp2", "code-free"):
-        times = _torch_loop(stack, on, steps)
+        times = _torch_loop(stack, on, steps, size)
     elif stack == "lightning":
-        times = _lightning_loop(on, steps)
+        times = _lightning_loop(on, steps, size)
     else:
-        times = _hf_loop(on, steps, work)
+        times = _hf_loop(on, steps, size, work)
     print(json.dumps(times[WARMUP:]))
 
 
 # -- the parent ------------------------------------------------------------------------------
-def _run(stack: str, on: bool, steps: int, job: str, work: Path) -> list[float]:
+def _run(stack: str, on: bool, steps: int, size: str, job: str, work: Path) -> list[float]:
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
@@ -196,7 +205,8 @@ def _run(stack: str, on: bool, steps: int, job: str, work: Path) -> list[float]:
         env["PYTHONPATH"] = f"{AUTOLOAD}{os.pathsep}{REPO}"
         env["STRAGGLER_AUTO"] = "1" if on else "0"
     argv = [sys.executable, "-m", "benchmarks.bench_overhead", "--child", stack]
-    argv += ["--steps", str(steps), "--work", str(work)] + (["--on"] if on else [])
+    argv += ["--steps", str(steps), "--model", size, "--work", str(work)]
+    argv += ["--on"] if on else []
     out = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"{stack} run failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
@@ -228,39 +238,44 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=330)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--stacks", default=",".join(STACKS))
+    parser.add_argument("--model", default="tiny,small", help="tiny, small or both")
     parser.add_argument("--child")
     parser.add_argument("--on", action="store_true")
     parser.add_argument("--work", type=Path, default=Path("/tmp"))  # noqa: S108
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.on, args.steps, args.work)
+        child(args.child, args.on, args.steps, args.model, args.work)
         return
     from slurm_plugin.telemetry.store import TelemetryStore, connect  # noqa: PLC0415
 
-    job = f"bench-overhead-{os.getpid()}"
+    job = str(900_000_000 + os.getpid())  # a job id no Slurm job of the dev cluster has
     rows = []
     try:
-        for stack in args.stacks.split(","):
-            runs: dict[bool, list[float]] = {False: [], True: []}
-            for _ in range(args.rounds):
-                for on in (False, True):
-                    runs[on] += _run(stack, on, args.steps, job, args.work)
-            off, on_ = runs[False], runs[True]
-            med_off, med_on = statistics.median(off), statistics.median(on_)
-            rows.append(
-                [
-                    stack,
-                    f"{med_off * 1e3:.2f} / {_p99(off) * 1e3:.2f}",
-                    f"{med_on * 1e3:.2f} / {_p99(on_) * 1e3:.2f}",
-                    f"{100 * (med_on - med_off) / med_off:+.2f} %",
-                    len(on_),
-                ]
-            )
+        for size in args.model.split(","):
+            for stack in args.stacks.split(","):
+                steps = args.steps if size == "tiny" else max(WARMUP + 60, args.steps // 3)
+                runs: dict[bool, list[float]] = {False: [], True: []}
+                for _ in range(args.rounds):
+                    for on in (False, True):
+                        runs[on] += _run(stack, on, steps, size, job, args.work)
+                off, on_ = runs[False], runs[True]
+                med_off, med_on = statistics.median(off), statistics.median(on_)
+                rows.append(
+                    [
+                        stack,
+                        size,
+                        f"{med_off * 1e3:.2f} / {_p99(off) * 1e3:.2f}",
+                        f"{med_on * 1e3:.2f} / {_p99(on_) * 1e3:.2f}",
+                        f"{(med_on - med_off) * 1e6:+.0f} us",
+                        f"{100 * (med_on - med_off) / med_off:+.2f} %",
+                        len(on_),
+                    ]
+                )
         record_ns = _record_ns(job)
     finally:
         TelemetryStore(connect(redis_url())).expire_job(job, ttl_s=60)
     print(f"# PyTorch integration overhead ({machine()}, {args.rounds} rounds)\n")
-    header = ["stack", "step ms without (median / p99)", "with", "median overhead", "steps"]
+    header = ["stack", "model", "step ms without (median / p99)", "with", "overhead", "%", "steps"]
     print(table(header, rows))
     print(f"\nrecord(): {record_ns:.0f} ns per call (median of 50 x 1,000)")
 

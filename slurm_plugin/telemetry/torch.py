@@ -1,12 +1,14 @@
 """PyTorch DistributedDataParallel integration: per-rank compute and communication wait.
 
-``attach(ddp_model, reporter)`` registers a forward pre-hook and a DDP communication hook that
-wraps the default all-reduce. For every training step it measures
+``attach(ddp_model, reporter)`` registers a forward pre-hook and a hook on the gradient that
+backward computes last, and leaves DDP's all-reduce (and any communication hook of the job's)
+alone. For every training step it measures
 
 * ``compute_s``: from the start of the forward pass until the last gradient bucket is ready
   (the work this rank does before it can synchronise), and
 * ``comm_s``: from that moment until the last all-reduce completes (time spent waiting for the
-  other ranks plus the transfer).
+  other ranks plus the transfer): a final callback of the backward pass, after DDP's own,
+  which waits for the all-reduce.
 
 A straggler therefore shows high compute and low wait, its healthy peers high wait. Steps are
 closed at the next training forward pass (or by :meth:`DDPTimer.finish`), so ``step_s`` spans
@@ -17,32 +19,24 @@ with gradients disabled (evaluation) are ignored; several forwards before one sy
 On CPU (gloo) the clock is the wall clock. On CUDA, CUDA events are recorded on the current
 stream (never synchronised: a step is reported once its events have completed), because the
 host runs ahead of the device.
-"""
 
-# No ``from __future__ import annotations`` here: DDP inspects the comm hook's annotations at
-# registration and needs the real classes, not strings.
+A communication hook would see each bucket too, but it replaces DDP's C++ all-reduce with a
+Python one: ~0.3 ms more per step (``benchmarks/bench_overhead.py``); these two hooks cost
+nothing measurable, and the job keeps its own communication hook, if any.
+"""
 
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import BuiltinCommHookType, GradBucket
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from slurm_plugin.telemetry import waits
 from slurm_plugin.telemetry.clocks import Clock, CudaClock, clock_for
 from slurm_plugin.telemetry.reporter import StepReporter
-
-_Hook = Callable[[Any, GradBucket], torch.futures.Future[torch.Tensor]]
-_BUILTIN_HOOKS: dict[Any, _Hook] = {
-    BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
-    BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook,
-}
 
 
 @dataclass
@@ -61,40 +55,25 @@ class DDPTimer:
         model: DistributedDataParallel,
         reporter: StepReporter,
         *,
-        process_group: dist.ProcessGroup | None = None,
+        process_group: dist.ProcessGroup | None = None,  # unused: kept for old callers
         start_step: int = 0,
     ) -> None:
         self.reporter = reporter
         self.step = start_step
         on_cuda = any(p.is_cuda for p in model.parameters())
         self._clock: Clock = clock_for(on_cuda)
+        self._model = model
+        self._engine = torch.autograd.Variable._execution_engine
         self._current: _Step | None = None
         self._closed: deque[tuple[_Step, float]] = deque(maxlen=64)
-        # The all-reduce this hook times: DDP's default, or the hook the job registers later
-        # (see :meth:`use_hook`; DDP takes one communication hook per model).
-        self._hook_state: Any = process_group
-        self._hook: _Hook = default_hooks.allreduce_hook
         model.register_forward_pre_hook(self._on_forward)
-        model.register_comm_hook(process_group, self._comm_hook)
-        # The job (or its framework: Lightning on CUDA) may register its own hook after ours;
-        # DDP would refuse a second one, so ours runs theirs inside the timing instead.
-        model.register_comm_hook = self.use_hook  # type: ignore[method-assign]
-        model._register_builtin_comm_hook = self._use_builtin_hook  # type: ignore[method-assign]
+        last = _last_gradient(model)
+        if last is not None:
+            last.register_post_accumulate_grad_hook(self._on_last_gradient)  # type: ignore[no-untyped-call]
         model._straggler_timer = self  # type: ignore[assignment]
         waits.process.ddp_timing = True
         if waits.process.timer is not None:  # the collective timer would count steps twice
             waits.process.timer.reporting = False
-
-    def use_hook(self, state: Any, hook: _Hook) -> None:
-        """Run ``hook(state, bucket)`` for the all-reduce, inside the timing (what
-        ``DistributedDataParallel.register_comm_hook`` does once ours is registered)."""
-        self._hook_state, self._hook = state, hook
-
-    def _use_builtin_hook(self, comm_hook_type: Any) -> None:
-        hook = _BUILTIN_HOOKS.get(comm_hook_type)
-        if hook is None:
-            raise ValueError(f"built-in communication hook {comm_hook_type} is not supported")
-        self.use_hook(None, hook)
 
     def _on_forward(self, _module: torch.nn.Module, _args: Any) -> None:
         if not torch.is_grad_enabled():
@@ -108,20 +87,25 @@ class DDPTimer:
         self._current = _Step(started=self._clock.mark(), wall_start=now_wall)
         self._emit_ready()
 
-    def _comm_hook(
-        self, process_group: dist.ProcessGroup | None, bucket: GradBucket
-    ) -> torch.futures.Future[torch.Tensor]:
+    def _on_last_gradient(self, _param: torch.Tensor) -> None:
+        # The rank's last gradient is in: its work for the step is done, the last bucket's
+        # all-reduce starts. (Not on a ``no_sync`` micro-batch: nothing is reduced.)
         step = self._current
-        if step is not None:
-            step.ready = self._clock.mark()
-        future = self._hook(self._hook_state, bucket)
+        if step is None or not self._model.require_backward_grad_sync:
+            return
+        step.ready = self._clock.mark()
+        self._engine.queue_callback(self._after_reducer_queued)
 
-        def _completed(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-            if step is not None:
-                step.done = self._clock.mark()
-            return fut.value()
+    def _after_reducer_queued(self) -> None:
+        # Among the backward's final callbacks, DDP's finalize (which waits for every
+        # all-reduce) may come after this one: the mark goes in a callback queued from here,
+        # which runs after it either way.
+        self._engine.queue_callback(self._synchronised)
 
-        return future.then(_completed)
+    def _synchronised(self) -> None:
+        step = self._current
+        if step is not None and step.ready is not None:
+            step.done = self._clock.mark()
 
     def _emit_ready(self) -> None:
         clock = self._clock
@@ -159,6 +143,12 @@ class DDPTimer:
         if isinstance(self._clock, CudaClock):  # pragma: no cover - GPU only
             torch.cuda.synchronize()
         self._emit_ready()
+
+
+def _last_gradient(model: DistributedDataParallel) -> torch.Tensor | None:
+    """The parameter whose gradient backward computes last: the first one that needs a
+    gradient (backward runs from the loss back to the input)."""
+    return next((p for p in model.module.parameters() if p.requires_grad), None)
 
 
 def attach(

@@ -158,13 +158,13 @@ def test_a_broken_reporter_never_reaches_training(group: None) -> None:
     assert [x["event"] for x in logs].count("telemetry.hook_failed") == 1
 
 
-def test_a_ddp_model_is_timed_as_built_once_and_runs_the_jobs_own_hook(group: None) -> None:
+def test_a_ddp_model_is_timed_as_built_once_and_keeps_the_jobs_own_hook(group: None) -> None:
     auto, explicit = RecordingReporter(), RecordingReporter()
     instrument(_as_reporter(auto), distributed_only=True)  # the code-free mode
     model = DistributedDataParallel(nn.Linear(8, 2))
     calls = []
 
-    def own_hook(state: Any, bucket: Any) -> Any:  # the job's hook, registered after ours
+    def own_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations
         calls.append(state)
         fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
         return fut.then(lambda f: f.value()[0])
@@ -192,15 +192,34 @@ def test_gradient_accumulation_is_one_step_and_fsdp_attach_labels_from_the_mesh(
 
     mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp_shard", "tp"))
     model = nn.Linear(8, 2)
-    fully_shard(model, mesh=mesh["dp_shard"])
+    sharded = fully_shard(model, mesh=mesh["dp_shard"])
     rep = RecordingReporter()
     fsdp.attach(model, _as_reporter(rep), mesh=mesh)
     assert rep.group == "tp=0"
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(4):
         for micro in range(3):  # three micro-batches, one optimizer step
-            model.set_requires_gradient_sync(micro == 2)
+            sharded.set_requires_gradient_sync(micro == 2)
             model(torch.randn(4, 8)).pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
     assert [s[0] for s in rep.steps] == [1, 2, 3]
+
+
+def test_ddp_gradient_accumulation_with_no_sync_is_one_step(group: None) -> None:
+    model = DistributedDataParallel(nn.Linear(8, 2))
+    rep = RecordingReporter()
+    timer = attach(model, _as_reporter(rep))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(4):
+        for micro in range(3):
+            if micro < 2:
+                with model.no_sync():
+                    model(torch.randn(4, 8)).pow(2).mean().backward()
+            else:
+                model(torch.randn(4, 8)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    timer.finish()
+    assert [s[0] for s in rep.steps] == [0, 1, 2, 3]
+    assert all(s[2] is not None and s[3] is not None for s in rep.steps)
