@@ -5,9 +5,10 @@ collectives are trivial) with and without it, each in its own process and altern
 ``--rounds`` times; per-step wall time, median and p99 over every timed step (the first
 ``WARMUP`` of each run left out). Two models: ``tiny`` (an MLP of width 512, batch 64:
 ~2 ms steps, where a fixed cost per step shows most) and ``small`` (the demo's: width 1,024,
-batch 256; the Hugging Face rows are a 2-layer GPT-2 at n_embd 64 and 256). The reporter is the real one, publishing to
-``$STRAGGLER_REDIS_URL`` (its keys expire a minute after the run; no database is flushed).
-Also ``record()``'s cost on the training thread. Run with the dev cluster up:
+batch 256; the Hugging Face rows are a 2-layer GPT-2 at n_embd 64 and 256). The reporter is
+the real one, publishing to ``$STRAGGLER_REDIS_URL`` (its keys expire a minute after the
+run; no database is flushed). Also ``record()``'s cost on the training thread. Run with the
+dev cluster up:
 ``python -m benchmarks.bench_overhead``.
 """
 
