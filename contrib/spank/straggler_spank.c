@@ -240,7 +240,27 @@ static void export_task(spank_t sp, const char *name, const char *value)
         spank_setenv(sp, name, value, 1);
 }
 
-/* The code-free mode: the autoload directory first on the tasks' PYTHONPATH. */
+/* Whether the ':'-separated list has an entry equal to dir. */
+static int path_has(const char *list, const char *dir)
+{
+    size_t len = strlen(dir);
+    const char *p = list;
+
+    while (*p) {
+        const char *end = strchr(p, ':');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+
+        if (n == len && strncmp(p, dir, len) == 0)
+            return 1;
+        if (!end)
+            break;
+        p = end + 1;
+    }
+    return 0;
+}
+
+/* The code-free mode: the autoload directory first on the tasks' PYTHONPATH (once: a step
+ * inside a batch job inherits it from the batch step). */
 static void export_telemetry(spank_t sp)
 {
     const char *mode = telemetry[0] ? telemetry : telemetry_default;
@@ -259,6 +279,9 @@ static void export_telemetry(spank_t sp)
     }
     if (spank_getenv(sp, "PYTHONPATH", old, sizeof(old)) != ESPANK_SUCCESS)
         old[0] = '\0';
+    spank_setenv(sp, "STRAGGLER_AUTO", "1", 1);
+    if (path_has(old, autoload))
+        return;
     n = old[0] ? snprintf(path, sizeof(path), "%s:%s", autoload, old)
                : snprintf(path, sizeof(path), "%s", autoload);
     if (n < 0 || (size_t)n >= sizeof(path)) {
@@ -266,7 +289,6 @@ static void export_telemetry(spank_t sp)
         return;
     }
     spank_setenv(sp, "PYTHONPATH", path, 1);
-    spank_setenv(sp, "STRAGGLER_AUTO", "1", 1);
 }
 
 int slurm_spank_user_init(spank_t sp, int ac, char **av)
