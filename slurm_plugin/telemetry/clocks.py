@@ -4,8 +4,7 @@ On CUDA the host runs ahead of the device, so a mark is an event recorded on the
 stream; it is read only once it has completed (``ready``), never by synchronising.
 """
 
-# No ``from __future__ import annotations``: torch.py registers a DDP comm hook whose
-# annotations DDP inspects, and it imports from here.
+from __future__ import annotations
 
 import time
 from typing import Any, Protocol

@@ -2,8 +2,8 @@
 
 ``Trainer(..., callbacks=[StragglerCallback()])``: the callback instruments the process when
 it is built, before the Trainer wraps the model (Accelerate builds the DDP model inside
-``train()``, and callbacks are never handed the wrapped one), so the DDP model is timed by a
-communication hook as it is built; FSDP and DeepSpeed ranks are timed by their waits in the
+``train()``, and callbacks are never handed the wrapped one), so the DDP model is timed as it
+is built; FSDP and DeepSpeed ranks are timed by their waits in the
 collectives. Each checkpoint the Trainer writes is reported once written (``on_save``).
 
 With Accelerate alone: ``attach_accelerator(accelerator)`` before or after

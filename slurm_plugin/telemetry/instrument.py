@@ -133,7 +133,7 @@ def instrument(
     distributed_only: bool = False,
 ) -> Instrumentation:
     """Instrument this process (once): every optimizer step is a step, every collective wait
-    its ``comm_s``, and every DDP model built from now on is timed by its communication hook.
+    its ``comm_s``, and every DDP model built from now on is timed (``telemetry.torch``).
 
     ``reporter`` defaults to ``StepReporter.from_env()`` (built when first needed); ``group``
     is the rank's peer-group label (ranks that do the same work). Calling it again returns

@@ -1,8 +1,8 @@
 """PyTorch Lightning: ``Trainer(callbacks=[StragglerCallback()])`` and every rank reports.
 
-For the ``ddp`` strategies the DDP model Lightning builds is timed by a communication hook
-(on CPU too: Lightning registers communication hooks only on CUDA, and a ``ddp_comm_hook``
-given to the strategy runs inside ours); for ``fsdp`` and the model-parallel strategy, the
+For the ``ddp`` strategies the DDP model Lightning builds is timed as it is built (on CPU
+too, and with a ``ddp_comm_hook`` given to the strategy: the timing leaves DDP's hooks alone);
+for ``fsdp`` and the model-parallel strategy, the
 rank's waits in the collectives are timed (:mod:`slurm_plugin.telemetry.waits`). A step is an
 optimizer step (so gradient accumulation is one step). Lightning's checkpoints are reported
 as ``checkpoint_end`` events once written, so the policy can evict right after one.

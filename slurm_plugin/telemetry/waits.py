@@ -17,7 +17,7 @@ Why this mechanism (the README's "Which timing, and why"):
   side stream as FSDP2 does, how long the collective ran, which is also long on the ranks that
   wait and short on the one they wait for).
 * DDP is the exception: its reducer waits in C++, never through Python, so a DDP model is
-  timed by a communication hook instead (:mod:`slurm_plugin.telemetry.torch`); while one does,
+  timed by hooks of its own instead (:mod:`slurm_plugin.telemetry.torch`); while one is,
   this timer reports nothing, so a step is never reported twice.
 
 A step's ``comm_s`` is its summed wait, ``compute_s`` the rest of the step. The hooks never
@@ -67,7 +67,7 @@ class CollectiveTimer:
         #: optimizer step completes step ``start_step``; it has no start, so is not reported).
         self.step = start_step
         self.clock: Clock = clock if clock is not None else WallClock()
-        #: False while another timer (a DDP communication hook) reports this rank's steps.
+        #: False while another timer (a DDP model's) reports this rank's steps.
         self.reporting = True
         #: The thread that steps the optimizer: waits on other threads are not the step's.
         self.thread: int | None = None
@@ -151,7 +151,7 @@ class _Process:
         self.timer: CollectiveTimer | None = None
         self.hooks_installed = False
         self.failed = False
-        #: A DDP communication hook times this process's steps (the collective timer is
+        #: A DDP model's timer times this process's steps (the collective timer is
         #: then silent).
         self.ddp_timing = False
 
