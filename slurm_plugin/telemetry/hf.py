@@ -46,8 +46,7 @@ class StragglerCallback(TrainerCallback):
         control: TrainerControl,
         **kwargs: Any,
     ) -> None:
-        if state.is_world_process_zero:
-            checkpoints.saved(state.global_step)
+        checkpoints.saved(state.global_step)  # reported by global rank 0 alone
 
     def on_train_end(
         self,

@@ -54,16 +54,15 @@ class StragglerCallback(Callback):
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._saved(trainer)
+        self._saved()
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._saved(trainer)
+        self._saved()
         if self._inst is not None:
             self._inst.finish()
             self._inst.reporter.flush()
 
-    def _saved(self, trainer: Trainer) -> None:
-        if self._saving is not None:
+    def _saved(self) -> None:
+        if self._saving is not None:  # reported by global rank 0 alone (checkpoints.saved)
             step, self._saving = self._saving, None
-            if trainer.is_global_zero:
-                checkpoints.saved(step)
+            checkpoints.saved(step)
