@@ -19,7 +19,7 @@ RELEASE_TESTS ?= tests/unit/test_slurm_releases.py tests/integration/test_schedu
                  tests/integration/test_cluster_harness.py tests/integration/test_service.py \
                  tests/integration/test_spank.py
 
-.PHONY: install system-packages test-packages test test-gpu test-releases demo lint cluster-up cluster-down clean
+.PHONY: install system-packages test-packages test test-gpu test-releases release demo lint cluster-up cluster-down clean
 
 install: system-packages $(VENV)/.installed
 
@@ -70,6 +70,11 @@ test-gpu:
 	$(GPU_VENV)/bin/python -m pip install -q "$(GPU_TORCH_SPEC)"; \
 	$(GPU_VENV)/bin/python -m pip install -q -e ".[torch,nvml]" --group dev; \
 	timeout 480 $(GPU_VENV)/bin/python -m tests.gpu.check
+
+# The release: wheel and sdist built (dist/), twine-checked, the wheel installed in a clean venv
+# (.venv-release) and its console scripts and in-job import run from there.
+release: install
+	contrib/release/check $(BIN)/python
 
 # What only the tests need: headless Chromium renders the demo report (tests/integration/
 # test_report.py).

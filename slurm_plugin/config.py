@@ -428,3 +428,6 @@ def _check_file_alone(path: Path) -> None:
 
 def _env_name(field: str) -> str:
     return f"STRAGGLER_{field}".upper()
+
+
+__all__ = ["CONFIG_ENV", "DEFAULT_CONFIG_PATH", "Settings", "load_settings", "redact_url"]

@@ -67,3 +67,18 @@ class TelemetryError(StragglerError):
 
 class TraceError(StragglerError):
     """A trace file that cannot be read; names the row and column."""
+
+
+__all__ = [
+    "CommandError",
+    "CommandTimeoutError",
+    "ConfigError",
+    "DevClusterError",
+    "JobNotFoundError",
+    "NotLeaderError",
+    "RedisUnavailableError",
+    "SlurmError",
+    "StragglerError",
+    "TelemetryError",
+    "TraceError",
+]

@@ -203,3 +203,6 @@ class FakeScheduler:
         self._call("resume", node)
         info = self.node_table[node]
         self.node_table[node] = replace(info, flags=(), state="idle")
+
+
+__all__ = ["FakeClock", "FakeScheduler", "RecordingReporter", "build_ib_tree"]

@@ -44,3 +44,6 @@ def report_dcp_saves(module: ModuleType) -> None:
 
     save.__straggler__ = True  # type: ignore[attr-defined]
     module.save = save  # type: ignore[attr-defined]
+
+
+__all__ = ["report_dcp_saves", "saved"]

@@ -49,3 +49,6 @@ def attach(
     inst = instrument(reporter, start_step=start_step, group=group)
     report_dcp_saves(dcp)  # FSDP's checkpoints: each completed dcp.save is one
     return inst
+
+
+__all__ = ["attach", "mesh_of"]

@@ -69,3 +69,6 @@ def attach_accelerator(
         if isinstance(model, DistributedDataParallel):
             inst.ddp_built(model)
     return inst
+
+
+__all__ = ["StragglerCallback", "attach_accelerator"]

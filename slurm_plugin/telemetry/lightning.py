@@ -66,3 +66,6 @@ class StragglerCallback(Callback):
         if self._saving is not None:  # reported by global rank 0 alone (checkpoints.saved)
             step, self._saving = self._saving, None
             checkpoints.saved(step)
+
+
+__all__ = ["StragglerCallback"]

@@ -496,3 +496,6 @@ class StepReporter:
                 buffered=sum(len(e.raws) for e in pending),
             )
         return False
+
+
+__all__ = ["PHASES", "StepReporter"]

@@ -217,3 +217,6 @@ def group_from_megatron() -> str:
         return f"pp={parallel_state.get_pipeline_model_parallel_rank()}"
     except (AssertionError, RuntimeError, AttributeError):  # not initialised
         return ""
+
+
+__all__ = ["DATA_PARALLEL_DIMS", "DDPTimer", "attach", "group_from_megatron", "group_from_mesh"]
