@@ -30,6 +30,7 @@ from pydantic_settings import (
 
 from slurm_plugin.errors import ConfigError
 from slurm_plugin.policy.rails import ClusterRails, PersistencePolicy, SafetyPolicy
+from slurm_plugin.telemetry import redis_url as urls
 from slurm_plugin.tomlfile import describe, read_toml
 
 DEFAULT_CONFIG_PATH = Path("/etc/slurm-straggler/config.toml")
@@ -52,7 +53,8 @@ class Settings(BaseSettings):
 
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0",
-        description="Redis URL (redis:// or rediss://): telemetry, node history, audit trail.",
+        description="Redis URL (redis://, rediss://, or redis+sentinel://HOST:PORT,.../MASTER/DB "
+        "for Redis behind Sentinel): telemetry, node history, audit trail.",
     )
     redis_cluster: bool = Field(
         default=False, description="Treat redis_url as a Redis Cluster seed node."
@@ -274,11 +276,10 @@ class Settings(BaseSettings):
         if self.deployment_id:
             return self.deployment_id
         try:
-            parts = urlsplit(self.redis_url)
-            endpoint = f"{parts.hostname}:{parts.port}/{redis_database(self.redis_url)}"
+            where = urls.endpoint(self.redis_url)
         except ValueError:
-            endpoint = "?"
-        return hashlib.sha256(endpoint.encode()).hexdigest()[:6]
+            where = "?"
+        return hashlib.sha256(where.encode()).hexdigest()[:6]
 
     def slurm_command(self, name: str) -> str:
         """The argv[0] for a Slurm client command, honouring ``slurm_bin_dir``."""
@@ -293,15 +294,9 @@ class Settings(BaseSettings):
 
 
 def redis_database(url: str) -> int | None:
-    """The database number ``url`` selects (path ``/N`` or ``?db=N``; 0 when it names none),
-    or None when it is not a number."""
-    try:
-        parts = urlsplit(url)
-        query = dict(parse_qsl(parts.query))
-    except ValueError:
-        return None
-    text = query.get("db") or parts.path.strip("/") or "0"
-    return int(text) if text.isdigit() else None
+    """The database number ``url`` selects (path ``/N`` or ``?db=N``, ``/MASTER/N`` behind
+    Sentinel; 0 when it names none), or None when it is not a number."""
+    return urls.database(url)
 
 
 def resolve_config_path(explicit: Path | None = None) -> Path | None:
@@ -341,7 +336,7 @@ def holds_secret(values: Mapping[str, Any]) -> bool:
     try:
         parts = urlsplit(url)
         in_query = any(_secret_param(k) and v for k, v in parse_qsl(parts.query))
-        return bool(parts.password) or in_query
+        return bool(urls.password_of(url)) or in_query
     except ValueError:
         return True  # unparsable: treat as secret, the URL check reports it later
 

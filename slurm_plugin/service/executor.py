@@ -82,6 +82,7 @@ class Executor:
                 "planned_at": f"{self.clock():.3f}",
             },
         )
+        self.state.replicated()  # the plan outlives a failover before Slurm is touched
         try:
             self.slurm.requeue_hold(job.job_id)
         except SlurmError as exc:

@@ -164,6 +164,19 @@ class Ingest:
             log.info(
                 "service.steps_repeated", job_id=job.job_id, entries=read.repeats, total=repeats
             )
+        if read.missing:  # numbered by a reporter, never in the stream: a failover lost them
+            missing = _count(known, "steps_missing") + read.missing
+            update["steps_missing"] = str(missing)
+            self.metrics.missing.inc(read.missing)
+            log.warning(
+                "service.steps_missing",
+                job_id=job.job_id,
+                entries=read.missing,
+                total=missing,
+                hint="flushes a rank numbered never reached the stream: lost in a Redis "
+                "failover (replication is asynchronous) or dropped by the rank while Redis "
+                "was away (its telemetry_dropped event says so)",
+            )
         mark = read.mark
         if mark is not None and read.cursor == mark.last_id:  # caught up: the rest was trimmed
             lost = max(0, mark.added - total)
@@ -246,6 +259,7 @@ class _JobRead:
     fields: list[Mapping[str, str]] = field(default_factory=list)
     read: int = 0
     repeats: int = 0
+    missing: int = 0
     more: bool = False
 
     @property
@@ -259,6 +273,7 @@ class _JobRead:
         self.fields += page.entries
         self.read += page.read
         self.repeats += page.repeats
+        self.missing += page.missing
         moved = page.last_id != self.cursor
         self.cursor = page.last_id
         self.more = moved and len(raw) >= PAGE and self.read < self.limit

@@ -39,6 +39,7 @@ class Metrics:
         self.errors: Any = null
         self.ignored: Any = null
         self.lost: Any = null
+        self.missing: Any = null
         self.detect_waiting: Any = null
         if not port:
             return
@@ -75,6 +76,12 @@ class Metrics:
             "straggler_steps_entries_lost_total",
             "Steps entries (one rank's flush each) trimmed from a job's stream before the "
             "service read them",
+            registry=registry,
+        )
+        self.missing = prom.Counter(
+            "straggler_steps_entries_missing_total",
+            "Steps entries a rank numbered that never reached its job's stream (lost in a Redis "
+            "failover, or dropped by the rank while Redis was away)",
             registry=registry,
         )
         self.detect_waiting = prom.Gauge(

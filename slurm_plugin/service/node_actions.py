@@ -90,6 +90,7 @@ class NodeActions:
 
     def _act(self, decision_id: str, action: str, node: str, call: Callable[[], None]) -> str:
         planned_at = self.clock()
+        self.state.replicated()  # the plan outlives a failover before Slurm is touched
         try:
             call()
         except SlurmError as exc:

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from typing import Any, cast
 
 import structlog
+from redis.sentinel import SentinelConnectionPool
 
 from slurm_plugin.errors import ConfigError
 from slurm_plugin.model import keys
@@ -17,6 +18,9 @@ from slurm_plugin.policy.history import Incident, NodeHistory
 from slurm_plugin.telemetry.store import RedisClient
 
 log = structlog.get_logger(__name__)
+
+#: How long a decision waits for a replica to have it before Slurm is touched (Sentinel).
+REPLICA_WAIT_MS = 1000
 OPEN_STATES = {"planned", "held", "excluded", "released", "waiting"}
 #: A decision's states in the order they happen: a write that would move a decision back (an
 #: instance that lost the lead while Slurm was slow, writing what it saw before) is dropped.
@@ -111,6 +115,25 @@ class ServiceState:
     def decision(self, decision_id: str) -> dict[str, str]:
         """One decision's fields."""
         return cast("dict[str, str]", self.client.hgetall(keys.decision(decision_id)))
+
+    def replicated(self, timeout_ms: int = REPLICA_WAIT_MS) -> int | None:
+        """Behind Sentinel, wait (Redis ``WAIT``, at most ``timeout_ms``) until a replica has
+        every write so far, so that a decision planned before Slurm is touched survives a
+        failover; returns how many replicas have it. None for a server without Sentinel (a
+        Redis Cluster or one server: nothing to wait for)."""
+        pool = getattr(self.client, "connection_pool", None)
+        if not isinstance(pool, SentinelConnectionPool):
+            return None
+        client: Any = self.client
+        copies = int(client.execute_command("WAIT", 1, timeout_ms))
+        if copies < 1:
+            log.warning(
+                "state.not_replicated",
+                timeout_ms=timeout_ms,
+                hint="no replica acknowledged the decision: a failover now would lose it "
+                "(Slurm's marks still say what was done; the service reconciles from them)",
+            )
+        return copies
 
     def open_decisions(self) -> list[dict[str, str]]:
         """Decisions that have not reached a final state."""

@@ -18,12 +18,17 @@ import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
 
+import redis
+import structlog
 import tomli_w
 
 from slurm_plugin.errors import TelemetryError
 from slurm_plugin.model import keys
+from slurm_plugin.telemetry.redis_url import with_user
+from slurm_plugin.telemetry.sentinel import every_server
+
+log = structlog.get_logger(__name__)
 
 #: Where ranks look for their credential when $STRAGGLER_JOB_CREDENTIALS_DIR is not set.
 DEFAULT_DIR = Path("/run/slurm-straggler/jobs")
@@ -62,14 +67,7 @@ def job_rules(job_id: str) -> list[str]:
 
 def job_url(admin_url: str, job_id: str, password: str) -> str:
     """``admin_url`` with the job's user and password in place of the admin's."""
-    parts = urlsplit(admin_url)
-    host = parts.hostname or "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{quote(username(job_id), safe='')}:{quote(password, safe='')}@{host}"
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+    return with_user(admin_url, username(job_id), password)
 
 
 def _all_nodes(client: Any) -> dict[str, Any]:
@@ -106,16 +104,31 @@ def issue(client: Any, job_id: str, owner: str = "", ttl_s: int = keys.JOB_TTL_A
     password = str(value or "").partition(":")[2]
     if not password:
         raise TelemetryError(f"job {job_id}: credential vanished while being issued")
-    client.execute_command(
-        "ACL", "SETUSER", username(job_id), *job_rules(job_id), f">{password}", **_all_nodes(client)
-    )
+    _acl(client, "SETUSER", username(job_id), *job_rules(job_id), f">{password}")
     return str(password)
 
 
 def revoke(client: Any, job_id: str) -> None:
     """Delete the job's ACL user (its open connections are closed by Redis) and password."""
-    client.execute_command("ACL", "DELUSER", username(job_id), **_all_nodes(client))
+    _acl(client, "DELUSER", username(job_id))
     client.delete(secret_key(job_id))
+
+
+def _acl(client: Any, *args: str) -> None:
+    """An ACL change on every server that may serve the job: each node of a Redis Cluster;
+    the master and each replica behind Sentinel (ACLs are not replicated, and a replica
+    promoted in a failover must know the job's user). A replica that does not answer is
+    logged and skipped: the master has the change, and the job's ranks work until a
+    failover to that replica (docs/deploy.md)."""
+    servers = every_server(client)
+    client.execute_command("ACL", *args, **_all_nodes(client))
+    for replica in servers[1:]:
+        try:
+            replica.execute_command("ACL", *args)
+        except redis.RedisError as exc:
+            log.warning("credentials.replica_acl_failed", change=args[0], error=str(exc))
+        finally:
+            replica.close()
 
 
 def sweep(client: Any, live_job_ids: set[str]) -> list[str]:

@@ -28,6 +28,8 @@ from slurm_plugin.model.records import (
     to_text,
 )
 from slurm_plugin.model.relayed import is_relayed
+from slurm_plugin.telemetry import redis_url
+from slurm_plugin.telemetry.sentinel import master_client
 
 if TYPE_CHECKING:
     from slurm_plugin.config import Settings
@@ -66,7 +68,9 @@ def connect(
     decode: bool = False,
     tls: Tls | None = None,
 ) -> RedisClient:
-    """A client for ``url`` (``redis://`` or ``rediss://``); a cluster client when asked.
+    """A client for ``url`` (``redis://``, ``rediss://``, or ``redis+sentinel://``: the
+    master a set of Sentinels names, found again after a failover); a cluster client when
+    asked.
 
     ``retries`` bounds redis-py's own retries of a failed command (its default, 10 with
     backoff, can hold a caller for seconds); callers with their own backoff pass 0. Nothing is
@@ -80,13 +84,18 @@ def connect(
     }
     if decode:  # text a job wrote is never trusted to be UTF-8: one bad byte fails no read
         options["encoding_errors"] = "replace"
-    if url.startswith("rediss://"):
+    secure = url.startswith(("rediss://", "rediss+sentinel://"))
+    if secure:
         options.update((tls or Tls()).options())
     elif tls is not None and tls != Tls():
         raise RedisUnavailableError(
             f"TLS files are configured but {_redact(url)!r} is not a rediss:// URL"
         )
+    if cluster and redis_url.is_sentinel(url):
+        raise RedisUnavailableError("redis_cluster and a Sentinel URL exclude each other")
     try:
+        if redis_url.is_sentinel(url):
+            return master_client(redis_url.parse_sentinel(url), options)
         if cluster:
             return RedisCluster.from_url(url, **options)
         return redis.Redis.from_url(url, health_check_interval=30, **options)
@@ -152,6 +161,10 @@ class EntriesPage:
     read: int
     #: Entries skipped as repeats of one already read (a retried write stored twice).
     repeats: int
+    #: Flushes a reporter numbered but the stream never had, between two it has: acknowledged
+    #: by a Redis master that died before its replica had them (a Sentinel failover), or
+    #: dropped whole by a reporter whose buffer overflowed while Redis was away.
+    missing: int = 0
 
 
 @dataclass(frozen=True)
@@ -385,12 +398,13 @@ def _fields_text(values: Mapping[Any, Any]) -> dict[str, str]:
 def entries_page(raw: Raw, after: str, until: str = "+", seen: Seen | None = None) -> EntriesPage:
     """The steps entries of an ``XRANGE`` answer, not decoded, up to ``until`` (inclusive:
     later ones stay unread); with ``seen`` (kept by the caller across pages), repeats of
-    entries already read are skipped and counted."""
+    entries already read are skipped and counted, and the flushes missing between two read
+    (never stored, or lost in a failover) counted."""
     if until != "+" and raw and _stream_id(_text(raw[-1][0])) > _stream_id(until):
         bound = _stream_id(until)
         raw = [entry for entry in raw if _stream_id(_text(entry[0])) <= bound]
     entries: list[Mapping[str, str]] = []
-    repeats = 0
+    repeats = missing = 0
     last = after
     for entry_id, values in raw:
         last = _text(entry_id)
@@ -399,12 +413,15 @@ def entries_page(raw: Raw, after: str, until: str = "+", seen: Seen | None = Non
         if seen is not None and flush is not None:
             # A rank's flushes by rank; a relay's entries by its node (never digits alone).
             who = f"@{fields.get('node', '')}" if is_relayed(fields) else fields.get("rank", "")
-            if flush[1] <= seen.get((who, flush[0]), -1):
+            before = seen.get((who, flush[0]), -1)
+            if flush[1] <= before:
                 repeats += 1
                 continue
+            if before >= 0:  # the first flush read of a session sets where it starts
+                missing += flush[1] - before - 1
             seen[(who, flush[0])] = flush[1]
         entries.append(fields)
-    return EntriesPage(entries, last, len(raw), repeats)
+    return EntriesPage(entries, last, len(raw), repeats, missing)
 
 
 def events_of(job_id: str, raw: Raw, after: str) -> tuple[list[dict[str, Any]], str, int]:
