@@ -29,8 +29,8 @@ from pydantic_settings import (
 )
 
 from slurm_plugin.errors import ConfigError
+from slurm_plugin.model import redis_url as urls
 from slurm_plugin.policy.rails import ClusterRails, PersistencePolicy, SafetyPolicy
-from slurm_plugin.telemetry import redis_url as urls
 from slurm_plugin.tomlfile import describe, read_toml
 
 DEFAULT_CONFIG_PATH = Path("/etc/slurm-straggler/config.toml")

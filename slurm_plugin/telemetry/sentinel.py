@@ -14,7 +14,7 @@ from typing import Any
 import redis
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-from slurm_plugin.telemetry.redis_url import SentinelUrl
+from slurm_plugin.model.redis_url import SentinelUrl
 
 #: The connection options copied to a client of another server of the set: login, database,
 #: timeouts, retries, decoding and TLS (the rest belongs to the master's pool).

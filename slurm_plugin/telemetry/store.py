@@ -18,7 +18,7 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from slurm_plugin.errors import RedisUnavailableError, TelemetryError
-from slurm_plugin.model import keys
+from slurm_plugin.model import keys, redis_url
 from slurm_plugin.model.columns import decode_entries
 from slurm_plugin.model.records import (
     StepRecord,
@@ -28,7 +28,6 @@ from slurm_plugin.model.records import (
     to_text,
 )
 from slurm_plugin.model.relayed import is_relayed
-from slurm_plugin.telemetry import redis_url
 from slurm_plugin.telemetry.sentinel import master_client
 
 if TYPE_CHECKING:

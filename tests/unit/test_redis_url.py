@@ -7,8 +7,7 @@ import pytest
 
 from slurm_plugin.config import Settings, holds_secret, redact_url, redis_database
 from slurm_plugin.errors import RedisUnavailableError
-from slurm_plugin.telemetry import credentials
-from slurm_plugin.telemetry.redis_url import (
+from slurm_plugin.model.redis_url import (
     SENTINEL_PORT,
     endpoint,
     is_sentinel,
@@ -16,6 +15,7 @@ from slurm_plugin.telemetry.redis_url import (
     password_of,
     with_user,
 )
+from slurm_plugin.telemetry import credentials
 from slurm_plugin.telemetry.store import connect, entries_page
 
 pytestmark = pytest.mark.unit
