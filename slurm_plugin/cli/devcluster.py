@@ -69,6 +69,12 @@ def devcluster() -> None:
 )
 @click.option("--spank", is_flag=True, help="Build and load the SPANK plugin (contrib/spank).")
 @click.option(
+    "--accounting/--no-accounting",
+    default=None,
+    help="Run MariaDB and slurmdbd (users and AdminLevel, as production has); "
+    "default: keep what the cluster had.",
+)
+@click.option(
     "--wait",
     "wait_s",
     type=float,
@@ -84,12 +90,18 @@ def up(
     epilog: Path | None,
     plugstack: tuple[str, ...],
     spank: bool,
+    accounting: bool | None,
     wait_s: float,
     as_json: bool,
 ) -> None:
     """Start munge, redis-server, slurmctld and 4 slurmd (idempotent); print what to export."""
     status = cluster_of(settings).up(
-        prolog=prolog, epilog=epilog, plugstack=plugstack or None, spank=spank, wait_s=wait_s
+        prolog=prolog,
+        epilog=epilog,
+        plugstack=plugstack or None,
+        spank=spank,
+        accounting=accounting,
+        wait_s=wait_s,
     )
     if as_json:
         emit_json(status.to_dict())

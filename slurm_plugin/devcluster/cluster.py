@@ -14,7 +14,7 @@ import shutil
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from string import Template
 
@@ -22,6 +22,9 @@ import structlog
 
 from slurm_plugin.config import Settings
 from slurm_plugin.devcluster import procs
+from slurm_plugin.devcluster.accounting import PROGRAMS as ACCOUNTING_PROGRAMS
+from slurm_plugin.devcluster.accounting import Accounting
+from slurm_plugin.devcluster.status import READY_STATES, ClusterStatus, DaemonStatus
 from slurm_plugin.errors import CommandError, DevClusterError
 from slurm_plugin.slurm.release import SlurmRelease, parse_version
 from slurm_plugin.slurm.runner import run_command
@@ -43,45 +46,8 @@ REQUIRED_PROGRAMS = (
     "redis-server",
     "unshare",
 )
-_READY_STATES = {"idle", "mixed", "allocated", "completing"}
-
-
-@dataclass(frozen=True)
-class DaemonStatus:
-    """One daemon of the cluster and whether it runs."""
-
-    name: str
-    pid: int | None
-    alive: bool
-
-
-@dataclass(frozen=True)
-class ClusterStatus:
-    """What ``status`` and ``up`` report."""
-
-    base: str
-    daemons: list[DaemonStatus]
-    nodes: dict[str, str]
-    redis_ok: bool
-    env: dict[str, str]
-    elapsed_s: float | None = None
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ready(self) -> bool:
-        """All daemons run, Redis answers and every node is usable."""
-        return (
-            all(d.alive for d in self.daemons)
-            and self.redis_ok
-            and bool(self.nodes)
-            and all(state in _READY_STATES for state in self.nodes.values())
-        )
-
-    def to_dict(self) -> dict[str, object]:
-        """A JSON-ready dictionary (``straggler devcluster status --json``)."""
-        data = asdict(self)
-        data["ready"] = self.ready
-        return data
+#: slurm.conf's ClusterName (contrib/devcluster/slurm.conf.in).
+CLUSTER_NAME = "stgdev"
 
 
 def default_template_dir() -> Path:
@@ -99,6 +65,8 @@ class DevCluster:
         nodes: int = 4,
         redis_port: int = 16379,
         slurmctld_port: int = 16817,
+        slurmdbd_port: int = 16819,
+        mysql_port: int = 16306,
         template_dir: Path | None = None,
         hosts_file: Path = Path("/etc/hosts"),
         command_timeout_s: float = 15.0,
@@ -112,6 +80,15 @@ class DevCluster:
         self.template_dir = template_dir or default_template_dir()
         self.hosts_file = hosts_file
         self.timeout_s = command_timeout_s
+        self.accounting = Accounting(
+            self.base,
+            cluster_name=CLUSTER_NAME,
+            munge_socket=self._munge_socket(),
+            dbd_port=slurmdbd_port,
+            mysql_port=mysql_port,
+            env=lambda: {"SLURM_CONF": str(self.slurm_conf)},
+            timeout_s=command_timeout_s,
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings, **kwargs: object) -> DevCluster:
@@ -145,10 +122,18 @@ class DevCluster:
     def _pidfile(self, daemon: str) -> Path:
         if daemon == "munged":
             return self.base / "munge" / "run" / "munged.pid"
+        if daemon in self.accounting.daemons():
+            return self.accounting.daemons()[daemon]
         return self.base / "run" / f"{daemon}.pid"
 
     def _daemon_names(self) -> list[str]:
-        return ["munged", "redis", "slurmctld", *(f"slurmd-{n}" for n in self.node_names)]
+        extra = [*self.accounting.daemons()] if self.accounting_on else []
+        return ["munged", "redis", "slurmctld", *(f"slurmd-{n}" for n in self.node_names), *extra]
+
+    @property
+    def accounting_on(self) -> bool:
+        """Whether this cluster runs with slurmdbd (``up(accounting=True)`` switched it on)."""
+        return (self.base / "etc" / "slurmdbd.conf").exists()
 
     # -- fault injection (tests and the demo) ----------------------------------------------
     def inject_prolog_failure(self, node: str) -> None:
@@ -171,13 +156,15 @@ class DevCluster:
         epilog: Path | None = None,
         plugstack: Sequence[str] | None = None,
         spank: bool = False,
+        accounting: bool | None = None,
         wait_s: float = 60.0,
     ) -> ClusterStatus:
         """Start whatever is not running yet and wait until every node is usable (idempotent).
 
         ``spank`` builds ``contrib/spank`` and loads the plugin through plugstack.conf, with any
         extra ``plugstack`` lines. When neither is given, plugstack.conf stays as it is (an
-        idempotent ``up`` never unloads a plugin).
+        idempotent ``up`` never unloads a plugin). ``accounting`` runs MariaDB and slurmdbd
+        (:mod:`.accounting`); None keeps what the cluster had.
         """
         started = time.monotonic()
         missing = [p for p in REQUIRED_PROGRAMS if shutil.which(p) is None]
@@ -185,8 +172,17 @@ class DevCluster:
             raise DevClusterError(
                 f"missing programs: {', '.join(missing)} (run `make install` as root to get them)"
             )
+        if accounting:
+            missing = [p for p in ACCOUNTING_PROGRAMS if shutil.which(p) is None]
+            if missing:
+                raise DevClusterError(f"accounting needs: {', '.join(missing)} (make install)")
         self._make_dirs()
         self._write_hosts()
+        if accounting:
+            self.accounting.write_config()
+        elif accounting is not None and self.accounting_on:
+            self.accounting.stop()
+            (self.base / "etc" / "slurmdbd.conf").unlink()
         if spank:
             plugstack = [self._build_spank(), *(plugstack or ())]
         slurm_changed = self._write_configs(prolog, epilog, plugstack)
@@ -198,6 +194,8 @@ class DevCluster:
             self._stop_slurm()
         self._start_munge()
         self._start_redis()
+        if self.accounting_on:
+            self.accounting.start()
         self._start_slurmctld()
         for node in self.node_names:
             self._start_slurmd(node)
@@ -257,6 +255,9 @@ class DevCluster:
             ctl_port=self.slurmctld_port,
             munge_socket=self._munge_socket(),
             nodes=nodes,
+            accounting=self.accounting.slurm_conf_lines()
+            if self.accounting_on
+            else "AccountingStorageType=accounting_storage/none",
         )
         redis_conf = self._render("redis.conf.in", base=self.base, redis_port=self.redis_port)
         changed = _write_if_changed(self.slurm_conf, slurm)
@@ -401,7 +402,7 @@ class DevCluster:
                     notes.append(f"resumed {node} (was {state})")
             if (
                 set(states) == set(self.node_names)
-                and all(s in _READY_STATES for s in states.values())
+                and all(s in READY_STATES for s in states.values())
                 and self._redis_ok()
             ):
                 return
@@ -470,6 +471,7 @@ class DevCluster:
     def down(self, *, keep_state: bool = False) -> list[str]:
         """Stop everything we started, remove our /etc/hosts block and (unless kept) the state."""
         stopped = self._stop_slurm() if self.base.exists() else []
+        stopped += self.accounting.stop()
         for daemon in ("redis", "munged"):
             pid = procs.read_pid(self._pidfile(daemon))
             if procs.is_alive(pid):

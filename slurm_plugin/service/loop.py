@@ -44,6 +44,12 @@ from slurm_plugin.slurm.scheduler import Scheduler
 from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)
+
+#: What an operator reads when Slurm refuses our mark on a job (AdminComment).
+MARK_HINT = (
+    "Our marks live in the job's AdminComment, which only a Slurm administrator may set: "
+    "grant the service account AdminLevel=Admin (docs/deploy.md, The service account)"
+)
 #: Cycles failing in a row after which a leader gives its lock up (a standby may do better).
 STEP_DOWN_AFTER = 3
 #: Detection runs until the cycle has taken this share of the interval, and at least
@@ -402,7 +408,23 @@ class Service:
         self, decision_id: str, job: JobInfo, node: str, record: dict[str, Any], now: float
     ) -> str:
         """Count the eviction (before acting: a crash mid-eviction must not allow one more than
-        the policy's maximum), then requeue the job without ``node``."""
+        the policy's maximum), then requeue the job without ``node``. A job Slurm would not
+        let us mark is never evicted: without our mark nothing could tell our hold from
+        another's, or undo it, after a restart that lost Redis."""
+        if record.get("mark_refused"):
+            self.state.save_decision(
+                decision_id,
+                {
+                    **record,
+                    "state": "failed",
+                    "action": "evict",
+                    "job_id": job.job_id,
+                    "node": node,
+                    "error": f"not evicted: Slurm refused our mark on the job. {MARK_HINT}",
+                },
+            )
+            self.metrics.actions.labels(action="evict", outcome="failed").inc()
+            return "failed"
         self.state.update_job(
             job.job_id,
             evictions=self._context(job).evictions + 1,
@@ -426,6 +448,11 @@ class Service:
         try:
             outcome = self.executor.annotate(job, text)
         except StragglerError as exc:
+            if "permission denied" in str(exc).lower():  # Slurm answered: not ours to mark
+                log.error(  # noqa: TRY400 - a refusal Slurm answered: no traceback to show
+                    "service.mark_refused", job_id=job.job_id, error=str(exc), hint=MARK_HINT
+                )
+                return {"annotated": f"refused: {exc}"[:200], "mark_refused": "yes"}
             outcome = f"failed: {exc}"
         if outcome == "verified":
             return {}

@@ -160,6 +160,31 @@ def test_the_loop_evicts_a_real_straggler(make_loop: Callable[..., Loop]) -> Non
     assert decision["state"] == "verified"
 
 
+def test_a_job_slurm_will_not_let_us_mark_is_never_evicted(
+    make_loop: Callable[..., Loop],
+) -> None:
+    """A service account with AdminLevel=Operator may requeue but not set AdminComment (Slurm
+    answers "Access/permission denied"): the job is left running and unmarked, the decision
+    failed with what to grant, and the eviction not counted."""
+    clock = FakeClock()
+    slurm = FakeScheduler([running_job(clock)], NODES)
+    slurm.fail["annotate"] = SlurmError("scontrol: exit 1: Access/permission denied for job 5")
+    loop = make_loop(slurm, clock, "a")
+    for cycle in range(20):
+        publish(loop, slurm.job_table["5"], range(cycle * 10, cycle * 10 + 10), {"node3": 2.0})
+        loop.service.cycle()
+        clock.advance(1)
+        if loop.state.job_decisions("5"):
+            break
+    assert [c[0] for c in slurm.changes] == ["annotate"]
+    job = slurm.job_table["5"]
+    assert (job.state, job.restarts, job.admin_comment) == ("RUNNING", 0, "")
+    (decision,) = loop.state.job_decisions("5")
+    assert decision["state"] == "failed"
+    assert "AdminLevel=Admin" in decision["error"]
+    assert loop.state.job("5").get("evictions", "0") == "0"
+
+
 class StallingScheduler(FakeScheduler):
     """Answers ``requeue_hold`` only ``stall_s`` after doing it (a slow slurmctld) and stamps
     every changing call with the monotonic time it was made."""
