@@ -8,9 +8,9 @@ PYTEST_ARGS ?=
 # The torch extra (DDP tests, examples). Pinned so pip takes the CPU wheel where one is on disk.
 TORCH_SPEC ?= torch==2.13.0
 APT_PACKAGES := slurmctld slurmd slurm-client munge libslurm-dev redis-server gcc make \
-                hostname util-linux python3-venv python3-pip openssl
+                hostname util-linux python3-venv python3-pip openssl slurmdbd mariadb-server
 SYSTEM_PROGRAMS := munged slurmctld slurmd scontrol sinfo squeue sbatch scancel redis-server \
-                   unshare hostname gcc openssl runuser
+                   unshare hostname gcc openssl runuser slurmdbd sacctmgr mariadbd setpriv
 
 # Slurm releases tested for real by `make test-releases` (Debian suite:Slurm series), and the
 # tests run on each: the scheduler contract, eviction and drain through the service, SPANK.
@@ -47,7 +47,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 # the cluster down again (also when tests fail). Exit status: pytest's (5 = no tests = failure).
 test: install test-packages
 	@status=0; \
-	$(BIN)/straggler devcluster up --spank || status=$$?; \
+	$(BIN)/straggler devcluster up --spank --accounting || status=$$?; \
 	if [ $$status -eq 0 ]; then \
 	  $(BIN)/python -m pytest $(PYTEST_ARGS) || status=$$?; \
 	fi; \
