@@ -77,13 +77,18 @@ release: install
 	contrib/release/check $(BIN)/python
 
 # What only the tests need: headless Chromium renders the demo report (tests/integration/
-# test_report.py).
+# test_report.py); Prometheus (and its promtool) scrapes the service and checks the alert rules
+# (tests/integration/test_prometheus.py).
+TEST_PACKAGES := chromium prometheus
 test-packages:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  echo "installing system packages for the tests (missing: chromium)"; \
-	  if [ "$$(id -u)" != 0 ]; then echo "error: run as root to install: chromium" >&2; exit 1; fi; \
+	@missing=""; \
+	for p in chromium prometheus promtool; do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages for the tests (missing:$$missing)"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "error: run as root to install:$$missing" >&2; exit 1; fi; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    --no-install-recommends chromium; }
+	    --no-install-recommends $(TEST_PACKAGES); \
+	fi
 
 # The same tests on every Slurm release of RELEASES, each in a minimal Debian chroot with its own
 # namespaces (contrib/releases/test-release; chroots cached in /var/cache). Leaves the host's

@@ -38,6 +38,7 @@ from slurm_plugin.service.policies import PolicySet
 from slurm_plugin.service.record import decision_record, job_context
 from slurm_plugin.service.resume import resume_waiting
 from slurm_plugin.service.state import ServiceState
+from slurm_plugin.service.value import Value
 from slurm_plugin.service.waiting import Recheck, with_candidate
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.scheduler import Scheduler
@@ -118,6 +119,7 @@ class Service:
         self._policies = PolicySet(settings, state)
         self._detectors: dict[tuple[str, DetectionParams], Detector] = {}
         self._ingest = Ingest(state, store, self.metrics)
+        self._value = Value(self.metrics)
         self._identities = Identities(state, store, settings.deployment, clock)
         self._job_policy: dict[str, tuple[str, DetectionParams]] = {}
         self._node_rails = NodeRails(state, self.executor, dry_run=dry_run)
@@ -159,6 +161,8 @@ class Service:
                         log.error("service.stepped_down", failures=self._failures)  # noqa: TRY400
                 # Stand by for two lock lives: a healthy standby takes over meanwhile.
                 self._standby_until = time.monotonic() + 2 * self.lock_ttl_s
+        with contextlib.suppress(redis.RedisError):
+            self._value.service(report.leader, self.state)
         report.duration_s = time.monotonic() - started
         self.metrics.cycle_seconds.observe(report.duration_s)
         return report
@@ -193,7 +197,8 @@ class Service:
             policy = self.policy_for(job)
             if policy.actions.mode != "off":
                 watched.append((job, self._detector_for(job, policy)))
-        for kept, ignored in self._ingest.read(watched, known).values():
+        for job_id, (kept, ignored) in self._ingest.read(watched, known).items():
+            self._value.saw(job_id, kept.ranks)
             report.records += kept.records
             report.ranks += kept.ranks
             report.ignored_records += ignored
@@ -243,6 +248,7 @@ class Service:
         for job_id in reused:
             self._ingest.forget(job_id)
         self._ingest.forget_all_but(running)
+        self._value.forget_all_but(set(running) - reused)
         self.state.close_waiting(set(running) - reused)
 
     def _detector_of(self, job_id: str) -> Detector | None:
@@ -323,6 +329,8 @@ class Service:
             )
         ctx = replace(self._context(job), node_incidents=past)
         decision = decide(event, job, policy, ctx, self._cluster(nodes, now), now)
+        if is_slowdown(event, policy):
+            self._value.straggling(event, decision)
         record = {**base, **decision_record(event, decision, evidence, reported, past)}
         evicting = decision.action == "evict" and self._evicting(job.job_id)
         recheck = (
@@ -350,6 +358,7 @@ class Service:
             self._close_waiting(job, f"superseded by {decision_id}")
             record.update(self._annotate(job, mark, policy))  # saved with the eviction
             outcome = self._evict(decision_id, job, event.node, record, now)
+            self._value.evicted(job.job_id, decision, outcome)
             self.metrics.decision_seconds.observe(max(0.0, self.clock() - event.ts))
             return {"id": decision_id, "action": "evict", "outcome": outcome}
         if decision.action == "wait" or decision.on_hold:

@@ -41,6 +41,13 @@ class Metrics:
         self.lost: Any = null
         self.missing: Any = null
         self.detect_waiting: Any = null
+        self.node_flags: Any = null
+        self.gpu_hours_lost: Any = null
+        self.gpu_hours_spent: Any = null
+        self.gpu_hours_saved: Any = null
+        self.leader: Any = null
+        self.paused: Any = null
+        self.breaker_open: Any = null
         if not port:
             return
         try:
@@ -88,6 +95,38 @@ class Metrics:
             "straggler_detection_waiting_seconds",
             "How long the records waiting longest for detection have waited (many jobs: each "
             "is processed less often, within a share of the cycle)",
+            registry=registry,
+        )
+        self.node_flags = prom.Counter(
+            "straggler_node_flags_total",
+            "Slowdowns decided on, by node and cause (compute, comm, data)",
+            ["node", "cause"],
+            registry=registry,
+        )
+        self.gpu_hours_lost = prom.Counter(
+            "straggler_gpu_hours_lost_total",
+            "Job time stragglers cost while they lasted (share of the step time x GPUs)",
+            registry=registry,
+        )
+        self.gpu_hours_spent = prom.Counter(
+            "straggler_gpu_hours_spent_total",
+            "What evictions cost: restart and work since the last checkpoint, x GPUs",
+            registry=registry,
+        )
+        self.gpu_hours_saved = prom.Counter(
+            "straggler_gpu_hours_saved_total",
+            "What evictions are expected to save (the goodput rule's estimate), x GPUs",
+            registry=registry,
+        )
+        self.leader = prom.Gauge(
+            "straggler_leader", "1 while this instance holds the leader lock", registry=registry
+        )
+        self.paused = prom.Gauge(
+            "straggler_paused", "1 while an admin's pause stops all actions", registry=registry
+        )
+        self.breaker_open = prom.Gauge(
+            "straggler_breaker_open",
+            "1 while the circuit breaker stops all actions (too many straggler nodes at once)",
             registry=registry,
         )
         prom.start_http_server(port, registry=registry)
