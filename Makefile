@@ -17,7 +17,7 @@ SYSTEM_PROGRAMS := munged slurmctld slurmd scontrol sinfo squeue sbatch scancel 
 RELEASES ?= bookworm:22.05 trixie:24.11 sid:26.05
 RELEASE_TESTS ?= tests/unit/test_slurm_releases.py tests/integration/test_scheduler_contract.py \
                  tests/integration/test_cluster_harness.py tests/integration/test_service.py \
-                 tests/integration/test_spank.py
+                 tests/integration/test_spank.py tests/integration/test_requeue_delay.py
 
 .PHONY: install system-packages test-packages test test-gpu test-releases release demo lint cluster-up cluster-down clean
 

@@ -9,7 +9,6 @@ file of ours, or a UTS namespace we created for a node).
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import socket
 import time
@@ -24,6 +23,7 @@ from slurm_plugin.config import Settings
 from slurm_plugin.devcluster import procs
 from slurm_plugin.devcluster.accounting import PROGRAMS as ACCOUNTING_PROGRAMS
 from slurm_plugin.devcluster.accounting import Accounting
+from slurm_plugin.devcluster.conf import hook_script, requeue_settings, write_if_changed
 from slurm_plugin.devcluster.status import READY_STATES, ClusterStatus, DaemonStatus
 from slurm_plugin.errors import CommandError, DevClusterError
 from slurm_plugin.slurm.release import SlurmRelease, parse_version
@@ -258,16 +258,19 @@ class DevCluster:
             accounting=self.accounting.slurm_conf_lines()
             if self.accounting_on
             else "AccountingStorageType=accounting_storage/none",
+            **requeue_settings(self.release()),
         )
         redis_conf = self._render("redis.conf.in", base=self.base, redis_port=self.redis_port)
-        changed = _write_if_changed(self.slurm_conf, slurm)
+        changed = write_if_changed(self.slurm_conf, slurm)
         stack = self.base / "etc" / "plugstack.conf"
         if plugstack is not None or not stack.exists():
-            changed |= _write_if_changed(stack, "".join(f"{line}\n" for line in plugstack or ()))
+            changed |= write_if_changed(stack, "".join(f"{line}\n" for line in plugstack or ()))
         changed |= self._write_cgroup_conf()
-        _write_if_changed(self.base / "etc" / "redis.conf", redis_conf)
+        write_if_changed(self.base / "etc" / "redis.conf", redis_conf)
         for hook, target in (("prolog", prolog), ("epilog", epilog)):
-            _write_if_changed(self.base / "etc" / hook, self._hook_script(hook, target))
+            write_if_changed(
+                self.base / "etc" / hook, hook_script(hook, target, self.base / "faults")
+            )
             (self.base / "etc" / hook).chmod(0o755)
         key = self.base / "munge" / "etc" / "munge.key"
         if not key.exists():
@@ -290,20 +293,7 @@ class DevCluster:
                 path.unlink()
                 return True
             return False
-        return _write_if_changed(path, "CgroupPlugin=disabled\n")
-
-    def _hook_script(self, hook: str, target: Path | None) -> str:
-        faults = shlex.quote(str(self.base / "faults"))
-        run = f"exec {shlex.quote(str(target.resolve()))}" if target else "exit 0"
-        return (
-            "#!/bin/sh\n"
-            f"# {hook} dispatcher of the slurm-straggler development cluster (generated).\n"
-            f'if [ -e {faults}/{hook}-fail-"$(hostname)" ]; then\n'
-            f'  echo "devcluster: injected {hook} failure on $(hostname)" >&2\n'
-            "  exit 1\n"
-            "fi\n"
-            f"{run}\n"
-        )
+        return write_if_changed(path, "CgroupPlugin=disabled\n")
 
     def _munge_socket(self) -> Path:
         return self.base / "munge" / "run" / "munge.sock"
@@ -483,13 +473,6 @@ class DevCluster:
         if not keep_state and self.base.exists():
             shutil.rmtree(self.base)
         return stopped
-
-
-def _write_if_changed(path: Path, text: str) -> bool:
-    if path.exists() and path.read_text() == text:
-        return False
-    path.write_text(text)
-    return True
 
 
 def _wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:

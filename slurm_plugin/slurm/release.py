@@ -54,6 +54,14 @@ class SlurmRelease:
         """``CgroupPlugin=disabled`` is accepted in cgroup.conf (22.05 rejects the value)."""
         return (self.major, self.minor) >= (23, 2)
 
+    @property
+    def requeue_delay(self) -> bool:
+        """``SchedulerParameters=requeue_delay=SECONDS`` exists (25.11 on): how long a requeued
+        job waits before it may start again. Earlier releases wait for the job credential to
+        expire (``AuthInfo=cred_expire``, 120 s by default), which is most of an eviction's
+        cost."""
+        return (self.major, self.minor) >= (25, 11)
+
 
 def parse_version(text: str) -> SlurmRelease:
     """``slurm 22.05.8`` / ``slurm-wlm 24.11.5`` (``scontrol --version``) -> a release."""
