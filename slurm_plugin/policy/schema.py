@@ -111,7 +111,8 @@ class ActionPolicy(Strict):
         ge=0,
         le=86400,
         description="Seconds a requeue costs beyond lost work: Slurm's requeue delay "
-        "(AuthInfo cred_expire, 120 s by default) plus start-up.",
+        "(SchedulerParameters requeue_delay from 25.11, else AuthInfo cred_expire, 120 s by "
+        "default) plus start-up.",
     )
     transient_s: float = Field(
         30.0,
