@@ -148,6 +148,7 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
     }
     structure = _structure(known.get("structure"))
     lost = int(known.get("steps_lost", "0") or 0)
+    missing = int(known.get("steps_missing", "0") or 0)
     if as_json:
         emit_json(
             {
@@ -156,6 +157,7 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
                 "ignored_records": ignored,
                 "structure": structure,
                 "steps_entries_lost": lost,
+                "steps_entries_missing": missing,
             }
         )
         return
@@ -199,6 +201,11 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
         click.echo(
             f"\nsteps entries lost (trimmed before the service read them): {lost} "
             "(each one rank's flush)"
+        )
+    if missing:
+        click.echo(
+            f"\nsteps entries missing (numbered by a rank, never in the stream: a Redis "
+            f"failover, or dropped while Redis was away): {missing}"
         )
     for group in structure:
         nodes = ",".join(printable(str(n)) for n in group.get("nodes", []))
