@@ -102,6 +102,20 @@ def job() -> None:
     """One job."""
 
 
+def _echo_losses(lost: int, missing: int) -> None:
+    """The job's steps entries the service never read, when there are any."""
+    if lost:
+        click.echo(
+            f"\nsteps entries lost (trimmed before the service read them): {lost} "
+            "(each one rank's flush)"
+        )
+    if missing:
+        click.echo(
+            f"\nsteps entries missing (numbered by a rank, never in the stream: a Redis "
+            f"failover, or dropped while Redis was away): {missing}"
+        )
+
+
 @job.command("show")
 @click.argument("job_id")
 @json_option
@@ -197,16 +211,7 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
     if ignored:
         counts = ", ".join(f"{n} {reason}" for reason, n in sorted(ignored.items()))
         click.echo(f"\nrecords not believed (evidence rules): {counts}")
-    if lost:
-        click.echo(
-            f"\nsteps entries lost (trimmed before the service read them): {lost} "
-            "(each one rank's flush)"
-        )
-    if missing:
-        click.echo(
-            f"\nsteps entries missing (numbered by a rank, never in the stream: a Redis "
-            f"failover, or dropped while Redis was away): {missing}"
-        )
+    _echo_losses(lost, missing)
     for group in structure:
         nodes = ",".join(printable(str(n)) for n in group.get("nodes", []))
         click.echo(
