@@ -7,7 +7,6 @@ import contextlib
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,11 +14,10 @@ import pytest
 
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.devcluster.accounting import SERVICE_ACCOUNT
-from slurm_plugin.policy.history import Incident, NodeHistory
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from tests.integration.conftest import SERVICE_LOG, Slurm, copy_policies, wait_for
-from tests.integration.test_service import RAILS, _submit
+from tests.integration.test_service import RAILS, _submit, one_earlier_incident
 
 pytestmark = pytest.mark.integration
 
@@ -158,21 +156,11 @@ def test_the_service_as_its_own_account_drains_resumes_and_evicts_with_admin(
         "STRAGGLER_POLICY_DIR": str(copy_policies(shared_dir / "policies")),
     }
 
-    def one_earlier_incident() -> None:
-        state.save_node_history(
-            NodeHistory(
-                "node3",
-                incidents=(Incident("999", time.time() - 60),),
-                state="suspect",
-                last_incident=time.time() - 60,
-            )
-        )
-
     def drains(final: str) -> list[dict[str, str]]:
         entries = [a for a in state.audit() if a.get("action") == "drain"]
         return [a for a in entries if a.get("node") == "node3" and a.get("state") == final]
 
-    one_earlier_incident()
+    one_earlier_incident(state, "node3")
     job = _submit(slurm, job_dir, "evict-aggressive")
     slurm.wait_job(job, "RUNNING")
     request.node.stash[SERVICE_LOG] = tmp_path / "service.log"
@@ -204,7 +192,7 @@ def test_the_service_as_its_own_account_drains_resumes_and_evicts_with_admin(
         30,
         "slurmctld to know the account as Admin",
     )
-    one_earlier_incident()  # node3 becomes persistent again in the next incident
+    one_earlier_incident(state, "node3")  # node3 becomes persistent again in the next incident
     with _service(service_env, straggler, tmp_path / "service-admin.log"):
         wait_for(
             lambda: (

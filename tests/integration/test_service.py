@@ -282,20 +282,26 @@ RAILS = {
 }
 
 
+def one_earlier_incident(state: ServiceState, node: str) -> None:
+    """``node`` was slow in another job a minute ago (a suspect): its next incident makes it a
+    persistent straggler under :data:`RAILS`."""
+    state.save_node_history(
+        NodeHistory(
+            node,
+            incidents=(Incident("999", time.time() - 60),),
+            state="suspect",
+            last_incident=time.time() - 60,
+        )
+    )
+
+
 def test_persistent_node_is_drained_and_forgiven(
     slurm: Slurm, job_dir: Path, state: ServiceState, env: dict[str, str], tmp_path: Path
 ) -> None:
     """Slow in a second job on a cluster whose rails (the service's settings) drain persistent
     stragglers: node3 is drained with our reason; `node forgive` resumes it; a node drained
     by hand is left alone."""
-    state.save_node_history(
-        NodeHistory(
-            "node3",
-            incidents=(Incident("999", time.time() - 60),),
-            state="suspect",
-            last_incident=time.time() - 60,
-        )
-    )
+    one_earlier_incident(state, "node3")
     job = _submit(slurm, job_dir, "evict-aggressive")
     slurm.wait_job(job, "RUNNING")
     with (tmp_path / "service.log").open("wb") as log:
