@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 import numpy as np
+import structlog
 
 from slurm_plugin.cli.common import (
     actor,
@@ -30,6 +31,9 @@ from slurm_plugin.errors import ConfigError, StragglerError
 from slurm_plugin.service.factory import build
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.metrics import Metrics
+from slurm_plugin.slurm.rights import administrator
+
+log = structlog.get_logger(__name__)
 
 _AUDIT_ID = re.compile(r"\d{1,20}-\d{1,20}")
 
@@ -59,12 +63,36 @@ def serve(settings: Settings, once: bool, dry_run: bool, as_json: bool) -> None:
         settings, scheduler, state, store, dry_run=dry_run, metrics=Metrics(settings.metrics_port)
     )
     service.reload_policies()  # no policy directory or no valid default policy: exit here
+    if not dry_run:
+        _check_rights(settings)
     with contextlib.suppress(KeyboardInterrupt):
         report = service.run(once=once)
         if once and report.error:
             raise StragglerError(f"the cycle failed: {report.error}")
         if as_json:
             emit_json(dataclasses.asdict(report))
+
+
+def _check_rights(settings: Settings) -> None:
+    """Say at start-up, not at the first straggler, when Slurm will refuse our actions."""
+    admin, who = administrator(
+        settings.slurm_command("scontrol"),
+        settings.slurm_command("sacctmgr"),
+        settings.slurm_env(),
+        settings.command_timeout_s,
+    )
+    if admin is False:
+        log.error(
+            "service.not_slurm_admin",
+            who=who,
+            hint="evictions (our mark in AdminComment) and drains need a Slurm administrator: "
+            "sacctmgr modify user NAME set adminlevel=Admin (docs/deploy.md, The service "
+            "account); until then the service decides and records, and acts on nothing",
+        )
+    elif admin is None:
+        log.warning("service.slurm_rights_unknown", detail=who)
+    else:
+        log.info("service.slurm_rights", who=who)
 
 
 @click.command("jobs")

@@ -178,6 +178,9 @@ def test_the_service_as_its_own_account_drains_resumes_and_evicts_with_admin(
         )
     refused = evictions("failed")[0]
     assert "AdminLevel=Admin" in refused["error"]
+    said = (tmp_path / "service.log").read_text()
+    assert '"service.not_slurm_admin"' in said  # at start-up, before the first straggler
+    assert "AdminLevel=Operator" in said
     assert "invalid user id" in drains("failed")[0].get("error", "").lower()
     assert slurm.node_state("node3") not in {"drained", "draining"}
     record = slurm.job(job)
@@ -201,6 +204,7 @@ def test_the_service_as_its_own_account_drains_resumes_and_evicts_with_admin(
             120,
             "the eviction and node3's drain, as Admin",
         )
+    assert '"service.slurm_rights"' in (tmp_path / "service-admin.log").read_text()
     record = slurm.job(job)
     assert record["Restarts"] == "1"
     assert "node3" in record.get("ExcNodeList", "")
