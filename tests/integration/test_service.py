@@ -220,13 +220,24 @@ def test_breaker_and_pause_stop_actions(
         "service paused by an admin",
         "circuit breaker open: too many straggler nodes at once",
     }
-    if held_back:
-        wait_for(
-            lambda: _decisions(state, job)[decision["id"]].get("state") == "verified",
-            30,
-            "the held-back decision to be verified",
+    if not held_back:
+        return
+
+    def settled() -> bool:
+        known = _decisions(state, job)
+        evicted = [d for d in known.values() if d.get("action") == "evict"]
+        return known[decision["id"]].get("state") in {"verified", "recorded"} and any(
+            d.get("state") == "verified" for d in evicted
         )
-        assert _decisions(state, job)[decision["id"]]["after"] == "resume"
+
+    wait_for(settled, 30, "the held-back decision to be settled and the eviction verified")
+    held = _decisions(state, job)[decision["id"]]
+    if held["state"] == "verified":
+        assert held["after"] == "resume"
+    else:
+        # Re-checked at resume, the newest steps looked recovered (2 noisy shared cores): the
+        # held-back decision closed without acting, and the next report evicted; still once.
+        assert "recovered, not evicted" in held["reasons"], held
 
 
 def test_restarted_service_releases_a_job_held_mid_eviction(
