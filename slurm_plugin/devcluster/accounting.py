@@ -2,7 +2,8 @@
 
 With accounting the dev cluster is what production runs: slurmctld keeps its users and their
 ``AdminLevel`` through slurmdbd, so the service can run as its own account with the rights
-``sacctmgr`` grants it (``AdminLevel=Operator``), and a right it lacks shows here first. The
+``sacctmgr`` grants it (``AdminLevel=Admin``: Operator may neither mark a job nor drain a
+node), and a right it lacks shows here first. The
 database lives under the cluster's base directory; its server listens on loopback only.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 import structlog
 
 from slurm_plugin.devcluster import procs
+from slurm_plugin.devcluster.conf import write_if_changed
 from slurm_plugin.errors import CommandError, DevClusterError
 from slurm_plugin.slurm.runner import run_command
 
@@ -27,7 +29,7 @@ log = structlog.get_logger(__name__)
 #: Programs accounting needs (Debian: mariadb-server, slurmdbd; sacctmgr is in slurm-client).
 PROGRAMS = ("mariadb-install-db", "mariadbd", "mariadb", "slurmdbd", "sacctmgr", "useradd")
 #: The service account, registered with our Slurm account but no AdminLevel: the deploy guide
-#: (and contrib/deploy/check-deploy) grants it Operator, as a site does.
+#: (and contrib/deploy/check-deploy) grants it Admin, as a site does; the tests grant each level.
 SERVICE_ACCOUNT = "straggler"
 #: The Slurm account our users belong to.
 ACCOUNT = "straggler"
@@ -88,8 +90,7 @@ class Accounting:
             f"StorageHost=127.0.0.1\nStoragePort={self.mysql_port}\n"
             f"StorageUser=slurm\nStoragePass={self._password()}\nStorageLoc={DATABASE}\n"
         )
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
+        write_if_changed(path, text)
         path.chmod(0o600)
 
     # -- daemons -----------------------------------------------------------------------------
