@@ -61,7 +61,7 @@ def _detection(
             "step": event.step,
             "ts": event.ts,
             "cause": event.cause,
-            "score": event.score,
+            "cusum_ratio": event.cusum_ratio,
         }
     else:
         nodes = data.get("nodes") or [None]
@@ -74,7 +74,7 @@ def _detection(
             "step": event.step,
             "ts": event.ts,
             "cause": event.kind,
-            "score": None,
+            "cusum_ratio": None,
         }
     if isinstance(event, StragglerEvent):
         replay.decide(event, row, node_incidents)

@@ -100,7 +100,18 @@ def backtest(
         _, result, _ = runs[0]
         emit_table(
             result.detections,
-            ["ts", "job_id", "kind", "node", "rank", "gpu", "step", "cause", "score", "action"],
+            [
+                "ts",
+                "job_id",
+                "kind",
+                "node",
+                "rank",
+                "gpu",
+                "step",
+                "cause",
+                "cusum_ratio",
+                "action",
+            ],
         )
         click.echo(f"\npersistent nodes: {', '.join(result.persistent_nodes) or 'none'}")
     click.echo("")

@@ -24,7 +24,7 @@ def _node_row(h: NodeHistory, now: float, params: HistoryParams) -> dict[str, An
         "state": h.state,
         "incidents": len(h.incidents),
         "jobs": len({i.job_id for i in h.incidents}),
-        "score": round(h.score(now, params), 2),
+        "decayed_incidents": round(h.decayed_incidents(now, params), 2),
         "last_incident": time.strftime("%Y-%m-%d %H:%M", time.gmtime(h.last_incident))
         if h.last_incident
         else "-",
@@ -42,7 +42,9 @@ def nodes(settings: Settings, wanted: str | None, as_json: bool) -> None:
     params = settings.persistence.params()
     rows = [_node_row(h, now, params) for h in state.nodes() if wanted in (None, h.state)]
     emit_rows(
-        rows, ["node", "state", "incidents", "jobs", "score", "last_incident"], as_json=as_json
+        rows,
+        ["node", "state", "incidents", "jobs", "decayed_incidents", "last_incident"],
+        as_json=as_json,
     )
 
 

@@ -112,11 +112,6 @@ class Detector:
             return None
         return state.detector.recent_slowdown_pct(node, ranks, since_step)
 
-    @property
-    def jobs(self) -> list[str]:
-        """Jobs with state."""
-        return list(self._jobs)
-
     # -- processing ----------------------------------------------------------------------------
     def advance(
         self, *, final: bool = False, deadline: float | None = None, max_wait_s: float = math.inf

@@ -28,7 +28,9 @@ class StragglerEvent(_Json):
     ranks: list[int]
     step: int
     ts: float
-    score: float
+    #: The alarming CUSUM chart's statistic over its threshold (>= 1 at an alarm; 1.0 for
+    #: an input report): how far past the line the evidence is, not a performance ratio.
+    cusum_ratio: float
     slowdown_pct: float
     cause: Cause
     scope: Scope

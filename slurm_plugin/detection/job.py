@@ -433,7 +433,7 @@ class JobDetector:
         kind: str,
         rank: int | None,
         node_index: int,
-        score: float,
+        cusum_ratio: float,
         k_base: F64,
         window: _Tail,
     ) -> StragglerEvent:
@@ -481,7 +481,7 @@ class JobDetector:
             ranks=ranks,
             step=int(b.steps[row]),
             ts=float(b.ts[row]),
-            score=round(score, 3),
+            cusum_ratio=round(cusum_ratio, 3),
             slowdown_pct=round(slowdown, 2),
             cause="input" if kind == "input" else "compute",
             scope="node" if node_wide else "gpu",

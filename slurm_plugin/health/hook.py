@@ -218,23 +218,29 @@ def _redis(settings: Settings) -> Any:
     )
 
 
+def _trouble(exc: Exception) -> str:
+    """What went wrong, as a problem line starts: Redis away, or a fault of ours (a bug, a
+    credential file we could not write) that must not be reported as Redis being away."""
+    from redis.exceptions import RedisError  # noqa: PLC0415 - only when something failed
+
+    if isinstance(exc, RedisError):
+        return "Redis unavailable"
+    return f"{type(exc).__name__} (not Redis)"
+
+
 def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult) -> None:
     """Persistent-straggler refusal, job registration, and the check result per node."""
-    from slurm_plugin.model import keys  # noqa: PLC0415
+    from slurm_plugin.telemetry.node_record import NodeRecord  # noqa: PLC0415
     from slurm_plugin.telemetry.store import TelemetryStore  # noqa: PLC0415
 
     try:
         client = _redis(settings)
-        node_key = keys.node(result.node)
+        record = NodeRecord(client, result.node)
         # Only an explicit refusal (the service after its rails, or an admin) keeps a node
         # out; node history alone never does.
-        refusal = client.hget(node_key, "refusal")
-        if refusal:
-            try:
-                why = json.loads(refusal)
-                text = f"{why.get('reason', 'refused')} [{why.get('decision_id', '')}]"
-            except (ValueError, AttributeError):
-                text = "refused by the straggler service"
+        why = record.refusal()
+        if why is not None:
+            text = f"{why.get('reason') or 'refused'} [{why.get('decision_id') or ''}]"
             result.findings.append(Finding("persistent", "drain", text[:200]))
         if result.job_id:
             policy = env.get("SPANK_STRAGGLER_POLICY") or env.get("STRAGGLER_POLICY") or ""
@@ -266,15 +272,11 @@ def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult
             "exit_code": verdict(result.findings),
             "findings": [f.to_dict() for f in result.findings],
         }
-        mapping = {"last_check": json.dumps(check)}
-        if verdict(result.findings):
-            mapping["prolog_finding"] = result.summary()
-            mapping["prolog_finding_ts"] = f"{time.time():.3f}"
-        client.hset(node_key, mapping=mapping)
-        if not verdict(result.findings):  # passed: an old finding must not explain a new drain
-            client.hdel(node_key, "prolog_finding", "prolog_finding_ts")
-    except Exception as exc:  # noqa: BLE001 - Redis trouble is our problem: fail open, loudly
-        result.problems.append(f"Redis unavailable, persistent check skipped: {exc}")
+        record.record_check(
+            check, result.summary() if verdict(result.findings) else None, time.time()
+        )
+    except Exception as exc:  # noqa: BLE001 - our trouble, never the job's: fail open, loudly
+        result.problems.append(f"{_trouble(exc)}, persistent check skipped: {exc}")
 
 
 def _issue_credential(
@@ -365,8 +367,8 @@ def run_epilog(env: Mapping[str, str], settings: Settings) -> HookResult:
                 )
             )
     try:
-        from slurm_plugin.model import keys  # noqa: PLC0415
         from slurm_plugin.telemetry import credentials  # noqa: PLC0415
+        from slurm_plugin.telemetry.node_record import NodeRecord  # noqa: PLC0415
         from slurm_plugin.telemetry.store import TelemetryStore  # noqa: PLC0415
 
         if result.job_id and settings.job_credentials:
@@ -377,19 +379,15 @@ def run_epilog(env: Mapping[str, str], settings: Settings) -> HookResult:
             credentials.revoke(client, result.job_id)
         if result.job_id:
             TelemetryStore(client).expire_job(result.job_id)
-        client.hset(
-            keys.node(node),
-            "last_epilog",
-            json.dumps(
-                {
-                    "ts": time.time(),
-                    "job_id": result.job_id,
-                    "findings": [f.to_dict() for f in result.findings],
-                }
-            ),
+        NodeRecord(client, node).record_epilog(
+            {
+                "ts": time.time(),
+                "job_id": result.job_id,
+                "findings": [f.to_dict() for f in result.findings],
+            }
         )
     except Exception as exc:  # noqa: BLE001 - the epilog never fails on telemetry
-        result.problems.append(f"Redis unavailable in epilog: {exc}")
+        result.problems.append(f"{_trouble(exc)} in epilog: {exc}")
     result.exit_code = verdict(result.findings)
     result.elapsed_s = time.monotonic() - started
     return result

@@ -2,7 +2,7 @@
 
 One row per (rank, step); NaN for a phase that was not measured. Building it from record
 objects (``from_records``) is for tests, the backtest and small inputs; the service decodes
-stream entries straight into columns (``model.records.decode_flushes``).
+stream entries straight into columns (``model.columns.decode_entries``).
 """
 
 from __future__ import annotations

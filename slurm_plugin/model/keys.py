@@ -145,7 +145,6 @@ BREAKER = f"{PREFIX}breaker"
 #: Sorted set: node -> when it was last flagged a compute straggler (the breaker's window: a
 #: restarted service goes on counting where the last one stopped).
 BREAKER_WINDOW = f"{PREFIX}breaker:window"
-SERVICE_JOBS = f"{PREFIX}service:jobs"
 PAUSE = f"{PREFIX}pause"
 LEADER = f"{PREFIX}leader"
 HEARTBEAT = f"{PREFIX}heartbeat"

@@ -74,7 +74,7 @@ class NodeHistory:
     last_incident: float | None = None
     forgiven: int = 0
 
-    def score(self, now: float, params: HistoryParams) -> float:
+    def decayed_incidents(self, now: float, params: HistoryParams) -> float:
         """Decayed incident count (1 for an incident now, 0.5 one half-life ago...)."""
         return float(
             sum(0.5 ** (max(0.0, now - i.ts) / params.half_life_s) for i in self.incidents)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from slurm_plugin.policy.history import HistoryParams
 
@@ -17,48 +17,65 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+#: The node history's defaults: the one place they are written (``[persistence]`` shows them in
+#: days, with the bounds a settings file may use).
+_H = HistoryParams()
+_DAY = 86400.0
+
+
 class PersistencePolicy(Strict):
     """When a node counts as a persistent straggler, and when it is forgiven."""
 
-    incidents: int = Field(3, ge=2, le=1000, description="Incidents within the window.")
-    distinct_jobs: int = Field(2, ge=2, le=1000, description="...from at least this many jobs.")
+    incidents: int = Field(_H.incidents, ge=2, le=1000, description="Incidents within the window.")
+    distinct_jobs: int = Field(
+        _H.distinct_jobs, ge=2, le=1000, description="...from at least this many jobs."
+    )
     window_days: float = Field(
-        7.0, gt=0, le=3650, description="Window for counting incidents, days."
+        _H.window_s / _DAY, gt=0, le=3650, description="Window for counting incidents, days."
     )
     half_life_days: float = Field(
-        3.0, gt=0, le=3650, description="Decay half-life of incidents, days."
+        _H.half_life_s / _DAY, gt=0, le=3650, description="Decay half-life of incidents, days."
     )
     forgive_after_days: float = Field(
-        14.0, gt=0, le=3650, description="Quiet days that clear a node."
+        _H.forgive_after_s / _DAY, gt=0, le=3650, description="Quiet days that clear a node."
     )
     distinct_users: bool = Field(
         False, description="Count distinct users instead of distinct jobs."
     )
     require_corroboration: bool = Field(
-        False,
+        _H.require_corroboration,
         description="Drain only nodes with at least one incident backed by hardware evidence "
         "(sidecar throttle reasons/XIDs/low clocks, or a prolog finding): timing alone, which a "
         "job's user controls, then never drains a node.",
     )
 
     sustained_s: float = Field(
-        300.0,
+        _H.sustained_s,
         ge=0,
         le=7 * 86400,
         description="A slowdown is an incident in node history only once it has lasted this "
         "long, and once per slowdown: bursts that pass never mark a node.",
     )
 
+    @model_validator(mode="after")
+    def _reachable(self) -> PersistencePolicy:
+        # The history's own rule, said when the file is read rather than by the service later.
+        if self.incidents < self.distinct_jobs:
+            raise ValueError(
+                f"incidents ({self.incidents}) must be at least distinct_jobs "
+                f"({self.distinct_jobs}): fewer incidents can never come from that many jobs"
+            )
+        return self
+
     def params(self) -> HistoryParams:
         """The node history's parameters."""
-        day = 86400.0
         return HistoryParams(
             sustained_s=self.sustained_s,
             incidents=self.incidents,
             distinct_jobs=self.distinct_jobs,
-            window_s=self.window_days * day,
-            half_life_s=self.half_life_days * day,
-            forgive_after_s=self.forgive_after_days * day,
+            window_s=self.window_days * _DAY,
+            half_life_s=self.half_life_days * _DAY,
+            forgive_after_s=self.forgive_after_days * _DAY,
             require_corroboration=self.require_corroboration,
         )
 

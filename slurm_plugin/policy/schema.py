@@ -11,18 +11,25 @@ from typing import Literal
 
 from pydantic import Field
 
-from slurm_plugin.detection.params import DEFAULT_ARL, DetectionParams
+from slurm_plugin.detection.params import DetectionParams
 from slurm_plugin.policy.rails import Strict
+
+#: The detector's defaults: the one place they are written (a policy's ``[detection]`` shows
+#: them, with the bounds a policy file may use).
+_D = DetectionParams()
 
 
 class DetectionPolicy(Strict):
     """How sensitive detection is."""
 
     min_slowdown_pct: float = Field(
-        3.0, gt=0, le=1000, description="Smallest compute slowdown of a rank worth acting on, %."
+        _D.min_slowdown_pct,
+        gt=0,
+        le=1000,
+        description="Smallest compute slowdown of a rank worth acting on, %.",
     )
     min_job_loss_pct: float = Field(
-        0.5,
+        _D.min_job_loss_pct,
         ge=0,
         le=100,
         description="Smallest share of the job's step time a compute straggler must cost it "
@@ -31,43 +38,46 @@ class DetectionPolicy(Strict):
         "neither acted on nor counted in node history.",
     )
     false_alarm_arl: float = Field(
-        DEFAULT_ARL,
+        _D.false_alarm_arl,
         gt=10,
         description="Rank-steps between false alarms (default: one a month on 16,384 GPUs at "
         "one step per second).",
     )
     warmup_steps: int = Field(
-        20, ge=0, le=100_000, description="Steps ignored after each (re)start."
+        _D.warmup_steps, ge=0, le=100_000, description="Steps ignored after each (re)start."
     )
     warmup_s: float = Field(
-        60.0,
+        _D.warmup_s,
         gt=0,
         le=86400,
         description="The warm-up also ends after this many seconds of steps (at least 3 "
         "steps), so jobs with long steps are watched within minutes.",
     )
     hang_timeout_s: float = Field(
-        300.0, gt=0, le=86400, description="No progress this long is a hang."
+        _D.hang_timeout_s, gt=0, le=86400, description="No progress this long is a hang."
     )
     input_min_slowdown_pct: float = Field(
-        10.0, gt=0, le=10_000, description="Smallest data-loading excess (% of compute) to report."
+        _D.input_min_slowdown_pct,
+        gt=0,
+        le=10_000,
+        description="Smallest data-loading excess (% of compute) to report.",
     )
     sync_stall_min_rise_pct: float = Field(
-        20.0,
+        _D.sync_stall_min_rise_pct,
         gt=0,
         le=10_000,
         description="Job-wide wait rise (% of step time) that is a sync stall.",
     )
 
     clip: float = Field(
-        6.0,
+        _D.clip,
         gt=0,
         le=50,
         description="Scores are clipped to +-clip sigma: one step's outlier never alarms alone. "
         "Higher values detect huge slowdowns a step sooner but alarm on spikes.",
     )
     charts: int = Field(
-        3, ge=1, le=6, description="CUSUM charts per rank (references k, 2k, 4k...)."
+        _D.charts, ge=1, le=6, description="CUSUM charts per rank (references k, 2k, 4k...)."
     )
 
     def params(self) -> DetectionParams:

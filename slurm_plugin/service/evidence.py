@@ -24,6 +24,7 @@ import structlog
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.model import keys
 from slurm_plugin.model.cluster import MAX_RANKS_PER_NODE, JobInfo
+from slurm_plugin.telemetry.node_record import LAST_CHECK, SIDECAR
 
 if TYPE_CHECKING:
     from slurm_plugin.service.state import ServiceState
@@ -213,8 +214,8 @@ def gather_evidence(
     forge, so it never corroborates, and what a stale sample said, marked so."""
     try:
         raw = state.node(node)
-        sample = json.loads(raw["sidecar"]) if raw.get("sidecar") else None
-        last_check = json.loads(raw.get("last_check") or "{}")
+        sample = json.loads(raw[SIDECAR]) if raw.get(SIDECAR) else None
+        last_check = json.loads(raw.get(LAST_CHECK) or "{}")
         reported_samples = store.read_json(keys.job_gpu(job_id), count=50)
     except (StragglerError, redis.RedisError, ValueError, TypeError) as exc:
         log.warning("service.evidence_unreadable", job_id=job_id, node=node, error=str(exc))

@@ -24,7 +24,7 @@ def decision_record(
         "cause": event.cause,
         "scope": event.scope,
         "slowdown_pct": event.slowdown_pct,
-        "score": event.score,
+        "cusum_ratio": event.cusum_ratio,
         "ranks": event.ranks[:32],
         "hardware_evidence": evidence,
         "job_reported_gpu": reported,

@@ -59,7 +59,7 @@ def resume_waiting(
         ranks=ranks,
         step=flagged_at,
         ts=now,
-        score=0.0,
+        cusum_ratio=0.0,
         slowdown_pct=float(rec.get("slowdown_pct", "0")),
         cause="compute",
         scope="gpu",

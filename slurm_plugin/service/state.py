@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
 from typing import Any, cast
 
 import structlog
@@ -14,7 +13,8 @@ from redis.sentinel import SentinelConnectionPool
 
 from slurm_plugin.errors import ConfigError
 from slurm_plugin.model import keys
-from slurm_plugin.policy.history import Incident, NodeHistory
+from slurm_plugin.policy.history import NodeHistory
+from slurm_plugin.telemetry.node_record import NodeRecord
 from slurm_plugin.telemetry.store import RedisClient
 
 log = structlog.get_logger(__name__)
@@ -267,8 +267,8 @@ class ServiceState:
         pipe.execute()
 
     def node(self, node: str) -> dict[str, str]:
-        """A node's raw hash (history, state, last_check, prolog_finding...)."""
-        return cast("dict[str, str]", self.client.hgetall(keys.node(node)))
+        """A node's whole record (``telemetry.node_record`` names its fields)."""
+        return NodeRecord(self.client, node).fields()
 
     def job_meta(self, job_id: str) -> dict[str, str]:
         """The job's registration (prolog), if any."""
@@ -277,29 +277,11 @@ class ServiceState:
     # -- nodes -----------------------------------------------------------------------------------
     def node_history(self, node: str) -> NodeHistory:
         """A node's history (empty when unknown or unreadable)."""
-        raw = cast("str | None", self.client.hget(keys.node(node), "history"))
-        if not raw:
-            return NodeHistory(node)
-        try:
-            data = json.loads(raw)
-            incidents = tuple(Incident(**i) for i in data.pop("incidents", []))
-            return NodeHistory(
-                node=node, incidents=incidents, **{k: v for k, v in data.items() if k != "node"}
-            )
-        except (ValueError, TypeError):
-            return NodeHistory(node)
+        return NodeRecord(self.client, node).history()
 
     def save_node_history(self, history: NodeHistory) -> None:
         """Persist a node's history and its state for quick listing."""
-        data = asdict(history)
-        self.client.hset(
-            keys.node(history.node),
-            mapping={
-                "history": json.dumps(data),
-                "state": history.state,
-                "score_ts": f"{self.clock():.0f}",
-            },
-        )
+        NodeRecord(self.client, history.node).save_history(history, self.clock())
 
     def nodes(self) -> list[NodeHistory]:
         """Every node with a history."""
@@ -334,49 +316,24 @@ class ServiceState:
     def prolog_finding(self, node: str) -> tuple[str, float | None] | None:
         """What the prolog found when it last failed on ``node`` and when (it clears both when
         it passes), or None."""
-        finding, ts = cast(
-            "list[str | None]",
-            self.client.hmget(keys.node(node), ["prolog_finding", "prolog_finding_ts"]),
-        )
-        if not finding:
-            return None
-        try:
-            return finding, float(ts) if ts else None
-        except ValueError:
-            return finding, None
-
-    def set_prolog_finding(self, node: str, finding: str) -> None:
-        """Record a failed prolog's finding on ``node``, now: the fields the prolog writes
-        itself (``health/hook.py``) when it fails; tests stand in for a failed prolog with it."""
-        self.client.hset(
-            keys.node(node),
-            mapping={"prolog_finding": finding, "prolog_finding_ts": f"{self.clock():.3f}"},
-        )
+        return NodeRecord(self.client, node).prolog_finding()
 
     def clear_prolog_finding(self, node: str) -> None:
         """The finding was used (or is stale): forget it."""
-        self.client.hdel(keys.node(node), "prolog_finding", "prolog_finding_ts")
+        NodeRecord(self.client, node).clear_prolog_finding()
 
     def refuse(self, node: str, decision_id: str, reason: str) -> None:
         """Ask every prolog on ``node`` to fail (so Slurm keeps it out) until forgiven. Only the
         service, after its rails, and an admin's `node mark ... persistent` write this."""
-        self.client.hset(
-            keys.node(node),
-            "refusal",
-            json.dumps({"decision_id": decision_id, "reason": reason, "at": self.clock()}),
-        )
+        NodeRecord(self.client, node).refuse(decision_id, reason, self.clock())
 
     def refusal(self, node: str) -> dict[str, Any] | None:
         """The standing refusal of ``node``, if any."""
-        raw = cast("str | None", self.client.hget(keys.node(node), "refusal"))
-        try:
-            return cast("dict[str, Any]", json.loads(raw)) if raw else None
-        except ValueError:
-            return {"reason": "unreadable refusal", "decision_id": ""}
+        return NodeRecord(self.client, node).refusal()
 
     def withdraw_refusal(self, node: str) -> None:
         """Let prologs on ``node`` pass again."""
-        self.client.hdel(keys.node(node), "refusal")
+        NodeRecord(self.client, node).withdraw_refusal()
 
     # -- switches --------------------------------------------------------------------------------
     def pause(self, seconds: float, who: str = "") -> None:

@@ -1,5 +1,5 @@
 """Which Slurm release answers, and what that release can do: the one place where release
-differences are decided (detected from ``scontrol --version`` or a JSON answer's ``meta``).
+differences are decided (detected from ``scontrol --version``).
 
 Release facts that need no switch are handled everywhere: 24.11 keeps a node's Reason for 20 s
 or more after RESUME, so "drained" is read from state flags only (``NodeInfo.drained``).
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from slurm_plugin.errors import SlurmError
 
@@ -69,21 +68,3 @@ def parse_version(text: str) -> SlurmRelease:
     if match is None:
         raise SlurmError(f"cannot read a Slurm version from {text.strip()[:60]!r}")
     return SlurmRelease(int(match.group(1)), int(match.group(2)), int(match.group(3) or 0))
-
-
-def release_of_meta(document: Any) -> SlurmRelease | None:
-    """The release a JSON answer names in ``meta`` (``Slurm`` in 22.05, ``slurm`` later, with
-    numbers or strings), or None when it names none."""
-    meta = document.get("meta") if isinstance(document, dict) else None
-    slurm = (meta.get("slurm") or meta.get("Slurm")) if isinstance(meta, dict) else None
-    if not isinstance(slurm, dict):
-        return None
-    release, version = slurm.get("release"), slurm.get("version")
-    try:
-        if isinstance(release, str):
-            return parse_version(release)
-        if isinstance(version, dict):
-            return SlurmRelease(*(int(str(version.get(k, 0))) for k in ("major", "minor", "micro")))
-    except (SlurmError, ValueError):
-        return None
-    return None

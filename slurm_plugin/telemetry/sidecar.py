@@ -24,6 +24,7 @@ from slurm_plugin.errors import StragglerError
 from slurm_plugin.model import keys
 from slurm_plugin.probes.cpu import sample_cpu
 from slurm_plugin.probes.gpu import NvmlProbe, NvmlUnavailableError
+from slurm_plugin.telemetry.node_record import NodeRecord
 from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)
@@ -84,7 +85,7 @@ class Sidecar:
             self.store.publish(self.job_id, gpu_samples=[sample])
         else:
             text = json.dumps(sample, separators=(",", ":"), allow_nan=False, default=str)
-            self.store.client.hset(keys.node(self.node), "sidecar", text)
+            NodeRecord(self.store.client, self.node).record_sample(text)
         return sample
 
     def run(

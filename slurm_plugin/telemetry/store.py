@@ -201,13 +201,6 @@ class TelemetryStore:
         self.client = client
         self.steps_maxlen = steps_maxlen
 
-    def ping(self) -> bool:
-        """True when Redis answers."""
-        try:
-            return bool(self.client.ping())
-        except redis.RedisError:
-            return False
-
     # -- writing ---------------------------------------------------------------------------
     def publish(
         self,

@@ -27,6 +27,7 @@ from slurm_plugin.policy.history import Incident, NodeHistory
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.telemetry import credentials
+from slurm_plugin.telemetry.node_record import NodeRecord
 from slurm_plugin.telemetry.store import TelemetryStore
 from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.conftest import RedisServer, acl_users, copy_policies, wait_for
@@ -63,6 +64,9 @@ def running_job(
         start_time=clock() - 600,
         priority=1,
     )
+
+
+GPU_FINDING = "gpu: 7 of 8 GPUs visible"
 
 
 @dataclass
@@ -464,10 +468,9 @@ def test_a_stale_prolog_finding_never_explains_a_later_drain(
     ]
     slurm = FakeScheduler([], drained)
     loop = make_loop(slurm, clock, "a")
-    loop.state.set_prolog_finding("node1", "gpu: 7 of 8 GPUs visible")  # this drain's
-    clock.advance(-3600)
-    loop.state.set_prolog_finding("node2", "gpu: 7 of 8 GPUs visible")  # an hour before
-    clock.advance(3600)
+    fails = {"exit_code": 1}  # the prolog's own writer, on the service's clock
+    NodeRecord(loop.state.client, "node1").record_check(fails, GPU_FINDING, clock())  # this drain's
+    NodeRecord(loop.state.client, "node2").record_check(fails, GPU_FINDING, clock() - 3600)
     loop.service.cycle()
     assert [c[:2] for c in slurm.changes] == [("drain", "node1")]
     assert slurm.changes[0][2].startswith("straggler: prolog gpu: 7 of 8 GPUs visible [d-")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ import pytest
 import redis
 
 from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.telemetry.node_record import NodeRecord
 from tests.integration.conftest import Slurm, install_prolog, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,10 +49,10 @@ def test_faulty_gpu_drains_node3_and_the_job_runs_elsewhere(
     assert hosts == ["node1", "node2", "node4"], lines
     assert int(record["Restarts"]) >= 1
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    assert (
-        client.hget("stg:node:node3", "prolog_finding") == "ecc: gpu2: 3 uncorrectable ECC errors"
-    )
-    check = json.loads(client.hget("stg:node:node1", "last_check") or "{}")
+    finding = NodeRecord(client, "node3").prolog_finding()
+    assert finding is not None
+    assert finding[0] == "ecc: gpu2: 3 uncorrectable ECC errors"
+    check = NodeRecord(client, "node1").last_check()
     assert check["exit_code"] == 0
     meta = client.hgetall(f"stg:job:{{{job}}}:meta")
     assert meta["policy"] == ""  # no explicit choice: the service resolves comment, then default

@@ -26,6 +26,7 @@ from slurm_plugin.service.evidence import gather_evidence
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.runner import run_command
 from slurm_plugin.telemetry import credentials
+from slurm_plugin.telemetry.node_record import NodeRecord
 from slurm_plugin.telemetry.store import TelemetryStore, Tls, connect, ping
 from tests.integration.conftest import REPO, RedisServer, Slurm, free_port, wait_for
 
@@ -323,18 +324,18 @@ def test_only_root_written_hardware_evidence_corroborates(
 
     trusted, reported = gather()
     assert (trusted, reported) == ([], ["gpu1 xid 79"])
-    state.client.hset(keys.node("node3"), "sidecar", json.dumps(sample))
+    NodeRecord(state.client, "node3").record_sample(json.dumps(sample))
     trusted, _ = gather()
     assert trusted == ["gpu1 hw_slowdown"]
     # Issue 25: a sample from a sidecar that stopped a week ago (or one with no time) is shown
     # as stale and corroborates nothing.
     for ts in (now - 7 * 86400, None, float("nan")):
-        state.client.hset(keys.node("node3"), "sidecar", json.dumps({**sample, "ts": ts}))
+        NodeRecord(state.client, "node3").record_sample(json.dumps({**sample, "ts": ts}))
         trusted, reported = gather()
         assert trusted == [], ts
         assert reported[-1].startswith("stale sidecar sample ("), reported
         assert reported[-1].endswith("gpu1 hw_slowdown"), reported
-    state.client.hset(keys.node("node3"), "sidecar", "{not json")
+    NodeRecord(state.client, "node3").record_sample("{not json")
     assert gather() == ([], [])
 
 

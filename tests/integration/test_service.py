@@ -11,7 +11,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from slurm_plugin.config import load_settings
 from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.health.checks import Finding
+from slurm_plugin.health.hook import HookResult, _redis_prolog
 from slurm_plugin.model import keys
 from slurm_plugin.policy.history import Incident, NodeHistory
 from slurm_plugin.service.state import ServiceState
@@ -439,7 +442,10 @@ def test_prolog_drain_gets_the_prologs_finding(
     """Slurm drains a node whose prolog failed with "Prolog error"; the service rewrites the
     reason into ours with the finding the prolog stored, and forgive resumes it."""
     cluster.inject_prolog_failure("node1")
-    state.set_prolog_finding("node1", "gpu: 7 of 8 GPUs visible")
+    failed = HookResult(
+        node="node1", job_id="", findings=[Finding("gpu", "drain", "7 of 8 GPUs visible")]
+    )
+    _redis_prolog(load_settings(), {}, failed)  # the prolog's own write
     slurm.sbatch("-N1", f"--output={job_dir / 'x.log'}", "--wrap", "true")
     wait_for(
         lambda: slurm.node("node1").get("Reason", "").startswith("Prolog error"),

@@ -75,7 +75,7 @@ def _event(
         ranks=[5],
         step=100,
         ts=NOW,
-        score=1.2,
+        cusum_ratio=1.2,
         slowdown_pct=slowdown,
         cause=cause,  # type: ignore[arg-type]
         scope="gpu",

@@ -72,11 +72,11 @@ def test_forgiven_after_a_quiet_period() -> None:
 
 
 def test_decayed_score_and_distinct_users() -> None:
-    """The score halves every half-life; distinct_users counts users instead of jobs."""
+    """The decayed incident count halves every half-life; distinct_users counts users."""
     history = _feed(
         [Incident("1", 0.0, user="a"), Incident("2", 0.0, user="a"), Incident("3", 0.0, user="a")]
     )
-    assert history.score(3 * DAY, P) == pytest.approx(1.5)
+    assert history.decayed_incidents(3 * DAY, P) == pytest.approx(1.5)
     by_user = NodeHistory("n1")
     for i in range(3):
         by_user = record_incident(
