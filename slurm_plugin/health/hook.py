@@ -230,8 +230,8 @@ def _trouble(exc: Exception) -> str:
 
 def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult) -> None:
     """Persistent-straggler refusal, job registration, and the check result per node."""
+    from slurm_plugin.telemetry import registration  # noqa: PLC0415
     from slurm_plugin.telemetry.node_record import NodeRecord  # noqa: PLC0415
-    from slurm_plugin.telemetry.store import TelemetryStore  # noqa: PLC0415
 
     try:
         client = _redis(settings)
@@ -243,27 +243,7 @@ def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult
             text = f"{why.get('reason') or 'refused'} [{why.get('decision_id') or ''}]"
             result.findings.append(Finding("persistent", "drain", text[:200]))
         if result.job_id:
-            policy = env.get("SPANK_STRAGGLER_POLICY") or env.get("STRAGGLER_POLICY") or ""
-            options = ("max_requeues", "min_slowdown", "notify")
-            overrides = {
-                key: env[f"SPANK_STRAGGLER_{key.upper()}"]
-                for key in options
-                if env.get(f"SPANK_STRAGGLER_{key.upper()}")
-            }
-            meta = {
-                **overrides,
-                "nodes": env.get("SLURM_NODELIST", ""),
-                "user": env.get("SLURM_JOB_USER", ""),
-                # Only an explicit choice is registered: without one, the job's --comment
-                # and then the cluster default apply (resolved by the service).
-                "policy": policy,
-                "attempt": env.get("SLURM_RESTART_COUNT", "0"),
-                "registered_at": f"{time.time():.3f}",
-            }
-            # An option this job did not give is deleted: a registration that outlived an
-            # older job with this id (a controller reinstalled) must not lend it its options.
-            unset = [key for key in options if key not in overrides]
-            TelemetryStore(client).register_job(result.job_id, meta, drop=unset)
+            registration.register(client, result.job_id, _registration(env))
         if result.job_id and settings.job_credentials:
             _issue_credential(client, settings, env, result)
         check = {
@@ -277,6 +257,26 @@ def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult
         )
     except Exception as exc:  # noqa: BLE001 - our trouble, never the job's: fail open, loudly
         result.problems.append(f"{_trouble(exc)}, persistent check skipped: {exc}")
+
+
+def _registration(env: Mapping[str, str]) -> Any:
+    """The job's registration from slurmd's environment. Only an explicit policy choice is
+    registered: without one, the job's --comment and then the cluster default apply (resolved
+    by the service)."""
+    from slurm_plugin.telemetry.registration import OPTIONS, Registration  # noqa: PLC0415
+
+    return Registration(
+        policy=env.get("SPANK_STRAGGLER_POLICY") or env.get("STRAGGLER_POLICY") or "",
+        nodes=env.get("SLURM_NODELIST", ""),
+        user=env.get("SLURM_JOB_USER", ""),
+        attempt=env.get("SLURM_RESTART_COUNT", "0"),
+        registered_at=f"{time.time():.3f}",
+        options={
+            key: env[f"SPANK_STRAGGLER_{key.upper()}"]
+            for key in OPTIONS
+            if env.get(f"SPANK_STRAGGLER_{key.upper()}")
+        },
+    )
 
 
 def _issue_credential(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -84,25 +85,35 @@ def active_policies(
     return policies, problems
 
 
-def apply_job_overrides(policy: Policy, meta: dict[str, str]) -> Policy:
-    """The job's own choices (registered from ``sbatch --straggler-*``), applied only where they
-    are stricter than the policy: fewer requeues, a larger minimum slowdown. ``notify`` picks
-    how the job hears about detections. Unparseable values are ignored."""
+@dataclass(frozen=True)
+class JobOptions:
+    """A job's own choices (``sbatch --straggler-*``), as text from its registration; None
+    for one it did not give."""
+
+    max_requeues: str | None = None
+    min_slowdown: str | None = None
+    notify: str | None = None
+
+
+def apply_job_overrides(policy: Policy, options: JobOptions) -> Policy:
+    """The job's own choices, applied only where they are stricter than the policy: fewer
+    requeues, a larger minimum slowdown. ``notify`` picks how the job hears about detections.
+    Unparseable values are ignored."""
     actions: dict[str, object] = {}
     detection: dict[str, object] = {}
     try:
-        if meta.get("max_requeues"):
+        if options.max_requeues:
             actions["max_requeues"] = min(
-                policy.actions.max_requeues, max(0, int(meta["max_requeues"]))
+                policy.actions.max_requeues, max(0, int(options.max_requeues))
             )
-        if meta.get("min_slowdown"):
+        if options.min_slowdown:
             detection["min_slowdown_pct"] = max(
-                policy.detection.min_slowdown_pct, float(meta["min_slowdown"])
+                policy.detection.min_slowdown_pct, float(options.min_slowdown)
             )
     except ValueError:
         return policy
-    if meta.get("notify") in {"off", "log", "comment"}:
-        actions["notify"] = meta["notify"]
+    if options.notify in {"off", "log", "comment"}:
+        actions["notify"] = options.notify
     if not actions and not detection:
         return policy
     return policy.model_copy(

@@ -10,6 +10,7 @@ from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.policy.loader import active_policies, apply_job_overrides, policy_from_comment
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.service.state import ServiceState
+from slurm_plugin.telemetry.registration import Registration
 
 log = structlog.get_logger(__name__)
 
@@ -21,7 +22,7 @@ class PolicySet:
         self.settings = settings
         self.state = state
         self.policies: dict[str, Policy] = {}
-        self._metas: dict[str, dict[str, str]] = {}  # this cycle's job registrations
+        self._metas: dict[str, Registration] = {}  # this cycle's job registrations
 
     @property
     def default(self) -> Policy:
@@ -61,7 +62,7 @@ class PolicySet:
         meta = self._metas.get(job.job_id)
         if meta is None:
             meta = self.state.job_meta(job.job_id)
-        wanted = meta.get("policy") or policy_from_comment(job.comment) or ""
+        wanted = meta.policy or policy_from_comment(job.comment) or ""
         allowed = self.settings.allowed_policies
         if wanted and (
             wanted not in self.policies or (allowed is not None and wanted not in allowed)
@@ -69,4 +70,4 @@ class PolicySet:
             log.warning("service.policy_refused", job_id=job.job_id, policy=wanted[:40])
             wanted = ""
         base = self.policies.get(wanted) or self.default
-        return apply_job_overrides(base, meta)
+        return apply_job_overrides(base, meta.job_options())

@@ -14,7 +14,9 @@ from redis.sentinel import SentinelConnectionPool
 from slurm_plugin.errors import ConfigError
 from slurm_plugin.model import keys
 from slurm_plugin.policy.history import NodeHistory
+from slurm_plugin.telemetry import registration
 from slurm_plugin.telemetry.node_record import NodeRecord
+from slurm_plugin.telemetry.registration import Registration
 from slurm_plugin.telemetry.store import RedisClient
 
 log = structlog.get_logger(__name__)
@@ -242,9 +244,9 @@ class ServiceState:
             pipe.expire(key, keys.JOB_TTL_ACTIVE_S)
         pipe.execute()
 
-    def job_metas(self, job_ids: Sequence[str]) -> dict[str, dict[str, str]]:
+    def job_metas(self, job_ids: Sequence[str]) -> dict[str, Registration]:
         """:meth:`job_meta` of many jobs, in one round trip."""
-        return self._hashes(job_ids, keys.job_meta)
+        return registration.read_many(self.client, job_ids)
 
     def forget_job(self, job_id: str) -> None:
         """Drop the service's state for a job id (Slurm gave it to another job): counts,
@@ -270,9 +272,9 @@ class ServiceState:
         """A node's whole record (``telemetry.node_record`` names its fields)."""
         return NodeRecord(self.client, node).fields()
 
-    def job_meta(self, job_id: str) -> dict[str, str]:
-        """The job's registration (prolog), if any."""
-        return cast("dict[str, str]", self.client.hgetall(keys.job_meta(job_id)))
+    def job_meta(self, job_id: str) -> Registration:
+        """The job's registration (prolog); empty when none."""
+        return registration.read(self.client, job_id)
 
     # -- nodes -----------------------------------------------------------------------------------
     def node_history(self, node: str) -> NodeHistory:

@@ -241,24 +241,6 @@ class TelemetryStore:
             raise RedisUnavailableError(f"publish for job {job_id} failed: {exc}") from exc
         return refused
 
-    def register_job(
-        self, job_id: str, meta: Mapping[str, str | int | float], drop: Sequence[str] = ()
-    ) -> None:
-        """Write (merge) the job's registration hash, deleting the fields ``drop`` (a job's
-        options it did not give: an older job with the same id may have)."""
-        key = keys.job_meta(job_id)
-        pipe = self.client.pipeline(transaction=False)
-        if drop:
-            pipe.hdel(key, *drop)
-        pipe.hset(key, mapping={k: str(v) for k, v in meta.items()})
-        pipe.expire(key, keys.JOB_TTL_ACTIVE_S)
-        pipe.execute()
-
-    def job_meta(self, job_id: str) -> dict[str, str]:
-        """The job's registration hash (empty when unknown)."""
-        raw = cast("dict[bytes, bytes]", self.client.hgetall(keys.job_meta(job_id)))
-        return to_text(raw)  # type: ignore[arg-type]
-
     def expire_job(self, job_id: str, ttl_s: int = keys.JOB_TTL_FINISHED_S) -> None:
         """Give every key of a finished job a TTL so Redis never grows without bound."""
         pipe = self.client.pipeline(transaction=False)

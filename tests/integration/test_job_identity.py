@@ -21,7 +21,7 @@ from slurm_plugin.model.cluster import REQUEUE_HELD, JobInfo
 from slurm_plugin.policy.rails import SafetyPolicy
 from slurm_plugin.service.identity import Known, fields_of, same_job, token
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.telemetry import credentials
+from slurm_plugin.telemetry import credentials, registration
 from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.conftest import RedisServer, Slurm
 from tests.integration.test_control_loop import (
@@ -231,12 +231,12 @@ def test_a_registration_never_lends_an_old_jobs_options(private_redis: RedisServ
     old = {"SLURM_JOB_ID": "9", "SPANK_STRAGGLER_MAX_REQUEUES": "0", "SLURM_JOB_USER": "alice"}
     _redis_prolog(settings, old, HookResult(node="node1", job_id="9"))
     admin = redis.Redis.from_url(private_redis.url, decode_responses=True)
-    assert admin.hget(keys.job_meta("9"), "max_requeues") == "0"
+    assert registration.read(admin, "9").options == {"max_requeues": "0"}
     new = {"SLURM_JOB_ID": "9", "SPANK_STRAGGLER_NOTIFY": "log", "SLURM_JOB_USER": "bob"}
     _redis_prolog(settings, new, HookResult(node="node1", job_id="9"))
-    meta = admin.hgetall(keys.job_meta("9"))
-    assert "max_requeues" not in meta, meta
-    assert (meta["notify"], meta["user"]) == ("log", "bob")
+    meta = registration.read(admin, "9")
+    assert meta.options == {"notify": "log"}, meta  # no max_requeues inherited
+    assert meta.user == "bob"
 
 
 def test_on_the_cluster_an_old_half_done_eviction_never_touches_a_held_job(

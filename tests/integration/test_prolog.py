@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.telemetry import registration
 from slurm_plugin.telemetry.node_record import NodeRecord
 from tests.integration.conftest import Slurm, install_prolog, wait_for
 
@@ -54,9 +55,9 @@ def test_faulty_gpu_drains_node3_and_the_job_runs_elsewhere(
     assert finding[0] == "ecc: gpu2: 3 uncorrectable ECC errors"
     check = NodeRecord(client, "node1").last_check()
     assert check["exit_code"] == 0
-    meta = client.hgetall(f"stg:job:{{{job}}}:meta")
-    assert meta["policy"] == ""  # no explicit choice: the service resolves comment, then default
-    assert meta["user"] == "root"
+    meta = registration.read(client, job)
+    assert meta.policy == ""  # no explicit choice: the service resolves comment, then default
+    assert meta.user == "root"
     assert elapsed < 60
 
 

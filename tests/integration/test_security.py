@@ -25,7 +25,7 @@ from slurm_plugin.model import keys
 from slurm_plugin.service.evidence import gather_evidence
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.runner import run_command
-from slurm_plugin.telemetry import credentials
+from slurm_plugin.telemetry import credentials, node_record, registration
 from slurm_plugin.telemetry.node_record import NodeRecord
 from slurm_plugin.telemetry.store import TelemetryStore, Tls, connect, ping
 from tests.integration.conftest import REPO, RedisServer, Slurm, free_port, wait_for
@@ -247,8 +247,7 @@ def test_job_credentials_issued_confined_and_revoked(
     assert other.returncode != 0
     assert b"Permission denied" in other.stderr
     assert acl_user(admin, job_id)
-    meta = admin.hgetall(keys.job_meta(job_id))
-    assert meta["user"] == "nobody"
+    assert registration.read(admin, job_id).user == "nobody"
     lines = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
     assert lines["whoami"] == "nobody"
     assert "-" in lines["xadd_own"]
@@ -258,8 +257,8 @@ def test_job_credentials_issued_confined_and_revoked(
         assert "NOPERM" in lines[denied], (denied, lines[denied])
     assert "NOPERM" in lines["keys"]
     assert "NOPERM" in lines["flush"]
-    assert admin.hget(keys.job_meta(job_id), "nodes") != "node9"
-    assert admin.hget(keys.node("node1"), "state") != "persistent"
+    assert registration.read(admin, job_id).nodes != "node9"
+    assert NodeRecord(admin, "node1").fields().get(node_record.STATE) != "persistent"
     assert admin.xlen(keys.job_steps(job_id)) == 1
     slurm.run("scancel", job_id)
     wait_for(

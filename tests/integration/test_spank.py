@@ -125,7 +125,7 @@ def test_options_are_registered_and_bound_the_service(
     )
     slurm.wait_job(job, "RUNNING")
     meta = state.job_meta(job)
-    assert (meta["policy"], meta["max_requeues"]) == ("evict", "1")
+    assert (meta.policy, meta.options) == ("evict", {"max_requeues": "1"})
 
     def decisions() -> list[dict[str, str]]:
         return state.job_decisions(job)

@@ -23,6 +23,7 @@ from slurm_plugin.policy.decide import (
     outlook,
 )
 from slurm_plugin.policy.loader import (
+    JobOptions,
     active_policies,
     apply_job_overrides,
     load_policies,
@@ -286,15 +287,15 @@ def test_job_overrides_only_make_the_policy_stricter() -> None:
     """sbatch --straggler-* values apply only where stricter than the policy."""
     evict = POLICIES["evict"]
     stricter = apply_job_overrides(
-        evict, {"max_requeues": "1", "min_slowdown": "8", "notify": "log"}
+        evict, JobOptions(max_requeues="1", min_slowdown="8", notify="log")
     )
     assert stricter.actions.max_requeues == 1
     assert stricter.detection.min_slowdown_pct == 8.0
     assert stricter.actions.notify == "log"
-    looser = apply_job_overrides(evict, {"max_requeues": "50", "min_slowdown": "0.5"})
+    looser = apply_job_overrides(evict, JobOptions(max_requeues="50", min_slowdown="0.5"))
     assert looser.actions.max_requeues == evict.actions.max_requeues
     assert looser.detection.min_slowdown_pct == evict.detection.min_slowdown_pct
-    assert apply_job_overrides(evict, {"max_requeues": "lots"}) == evict
+    assert apply_job_overrides(evict, JobOptions(max_requeues="lots")) == evict
 
 
 def test_cluster_rails_bound_every_job_whatever_its_policy() -> None:
