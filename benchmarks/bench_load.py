@@ -257,9 +257,11 @@ def main() -> None:
     base_memory = int(admin.info("memory")["used_memory"])
     scheduler = StaticScheduler(JOB, [f"gpu{i:05d}" for i in range(args.ranks // PER_NODE)])
     settings = Settings(
-        redis_url=url,
-        policy_dir=Path(__file__).resolve().parents[1] / "policies",
-        service_interval_s=args.interval,
+        redis={"url": url},
+        service={
+            "policy_dir": Path(__file__).resolve().parents[1] / "policies",
+            "interval_s": args.interval,
+        },
     )
     service = Service(
         settings, scheduler, ServiceState(connect(url, decode=True)), TelemetryStore(connect(url))

@@ -138,9 +138,11 @@ def run(url: str, count: int, cycles: int, relayed: bool) -> list[object]:
     jobs, nodes = jobs_and_nodes(count, now)
     store = TelemetryStore(connect(url))
     settings = Settings(
-        redis_url=url,
-        policy_dir=Path(__file__).resolve().parents[1] / "policies",
-        service_interval_s=INTERVAL_S,
+        redis={"url": url},
+        service={
+            "policy_dir": Path(__file__).resolve().parents[1] / "policies",
+            "interval_s": INTERVAL_S,
+        },
     )
     service = Service(
         settings, FakeScheduler(jobs, nodes), ServiceState(connect(url, decode=True)), store

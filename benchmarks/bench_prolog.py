@@ -15,12 +15,15 @@ import time
 from pathlib import Path
 
 from benchmarks._common import machine, redis_url, table
+from slurm_plugin.devcluster.fake_prolog import write_bin
+from slurm_plugin.devcluster.settings import FAKE_NVML_ENV
 from slurm_plugin.testing import build_ib_tree
 
 
 def _time_prolog(env: dict[str, str], runs: int) -> tuple[list[float], set[int]]:
-    """Wall times and exit codes of ``runs`` prolog runs."""
-    prolog = str(Path(sys.executable).parent / "straggler-prolog")
+    """Wall times and exit codes of ``runs`` prolog runs: the production prolog with fake
+    GPUs, as the dev cluster runs it (``devcluster.fake_prolog``)."""
+    prolog = str(write_bin(Path(env["STRAGGLER_CONFIG"]).parent / "prolog-bin"))
     walls, codes = [], set()
     for _ in range(runs):
         started = time.perf_counter()
@@ -37,13 +40,13 @@ def main() -> None:
         (base / "gpus.json").write_text(json.dumps({"default": {"gpus": 8}}))
         build_ib_tree(base / "root", 8)
         (base / "config.toml").write_text(
-            f'redis_url = "{redis_url()}"\ndevcluster_fake_nvml = "{base / "gpus.json"}"\n'
-            f'health_sysfs_root = "{base / "root"}"\nhealth_state_dir = "{base / "state"}"\n'
-            "health_expected_gpus = 8\nhealth_expected_hcas = 8\n"
+            f'[redis]\nurl = "{redis_url()}"\n[health]\nsysfs_root = "{base / "root"}"\n'
+            f'state_dir = "{base / "state"}"\nexpected_gpus = 8\nexpected_hcas = 8\n'
         )
         env = {
             **os.environ,
             "STRAGGLER_CONFIG": str(base / "config.toml"),
+            FAKE_NVML_ENV: str(base / "gpus.json"),
             "SLURMD_NODENAME": "node1",
             "SLURM_JOB_ID": "1",
         }
@@ -51,7 +54,7 @@ def main() -> None:
         # The same with a per-job Redis credential issued (ACL user + 0600 file).
         (base / "creds.toml").write_text(
             (base / "config.toml").read_text()
-            + f'job_credentials = true\njob_credentials_dir = "{base / "jobs"}"\n'
+            + f'[telemetry]\njob_credentials = true\njob_credentials_dir = "{base / "jobs"}"\n'
         )
         cred_env = {
             **env,

@@ -100,7 +100,9 @@ def main() -> None:
 
 def run(url: str) -> None:
     store = TelemetryStore(connect(url))
-    settings = Settings(redis_url=url, policy_dir=Path(__file__).resolve().parents[1] / "policies")
+    settings = Settings(
+        redis={"url": url}, service={"policy_dir": Path(__file__).resolve().parents[1] / "policies"}
+    )
     scheduler = StaticScheduler()
     service = Service(settings, scheduler, ServiceState(connect(url, decode=True)), store)
     step, cycles, records = 0, [], []

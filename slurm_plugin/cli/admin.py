@@ -53,14 +53,19 @@ def serve(settings: Settings, once: bool, dry_run: bool, as_json: bool) -> None:
         if shutil.which(settings.slurm_command(name)) is None:
             raise ConfigError(
                 f"Slurm command {settings.slurm_command(name)!r} not found (hint: install the "
-                "Slurm client commands or set slurm_bin_dir)",
-                field="slurm_bin_dir",
+                "Slurm client commands or set [slurm] bin_dir)",
+                field="slurm.bin_dir",
             )
     scheduler, state, store = build(settings)
     state.client.ping()  # Redis unreachable: one line from the CLI, before anything else
     state.check_schema()  # a Redis written by another release: exit here
     service = Service(
-        settings, scheduler, state, store, dry_run=dry_run, metrics=Metrics(settings.metrics_port)
+        settings,
+        scheduler,
+        state,
+        store,
+        dry_run=dry_run,
+        metrics=Metrics(settings.service.metrics_port),
     )
     service.reload_policies()  # no policy directory or no valid default policy: exit here
     if not dry_run:
@@ -79,7 +84,7 @@ def _check_rights(settings: Settings) -> None:
         settings.slurm_command("scontrol"),
         settings.slurm_command("sacctmgr"),
         settings.slurm_env(),
-        settings.command_timeout_s,
+        settings.slurm.command_timeout_s,
     )
     if admin is False:
         log.error(
@@ -183,7 +188,7 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
         raise StragglerError(
             f"no telemetry, decisions or state for job {printable(job_id[:32])!r} (hint: "
             "`straggler jobs` lists the running ones; decisions expire after "
-            "decision_retention_s)"
+            "service.decision_retention_s)"
         )
     ignored = {
         k.removeprefix("ignored_"): int(v) for k, v in known.items() if k.startswith("ignored_")
@@ -338,7 +343,7 @@ def status(settings: Settings, as_json: bool) -> None:
     beat = state.last_heartbeat()
     ts = beat.get("ts") if beat else None
     age = round(now - ts, 1) if isinstance(ts, int | float) else None
-    stale_after = max(30.0, 10 * settings.service_interval_s)
+    stale_after = max(30.0, 10 * settings.service.interval_s)
     healthy = age is not None and age <= stale_after
     paused = state.paused()
     data = {
@@ -354,7 +359,7 @@ def status(settings: Settings, as_json: bool) -> None:
         emit_json(data)
     else:
         if beat is None or age is None:
-            line = "no heartbeat (hint: is `straggler serve` running, on this redis_url?)"
+            line = "no heartbeat (hint: is `straggler serve` running, on this redis.url?)"
         else:
             line = (
                 f"{'alive' if healthy else 'STALE'}, {printable(str(beat.get('instance')))}, "

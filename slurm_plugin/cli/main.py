@@ -9,6 +9,7 @@ from typing import Any
 import click
 import redis
 import structlog
+from pydantic import BaseModel
 
 from slurm_plugin._version import __version__
 from slurm_plugin.cli.admin import COMMANDS as ADMIN_COMMANDS
@@ -57,10 +58,10 @@ class _Group(click.Group):
         except StragglerError as exc:
             _fail(f"error: {exc}", 2)
         except redis.RedisError as exc:
-            url = ctx.obj.redis_url if isinstance(ctx.obj, Settings) else "(unknown)"
+            url = ctx.obj.redis.url if isinstance(ctx.obj, Settings) else "(unknown)"
             _fail(
                 f"error: Redis at {redact_url(url)} failed: {_one_line(exc)} (hint: check "
-                "redis_url / STRAGGLER_REDIS_URL and that redis-server is running)",
+                "redis.url / STRAGGLER_REDIS_URL and that redis-server is running)",
                 3,
             )
         except Exception as exc:  # the CLI boundary: one line, never a traceback
@@ -120,19 +121,29 @@ def config_show(ctx: click.Context, as_json: bool) -> None:
     """Print every setting with its effective value and the file it was read from."""
     settings: Settings = ctx.obj
     values = settings.model_dump(mode="json")
-    values["redis_url"] = redact_url(values["redis_url"])  # never print the admin password
+    values["redis"]["url"] = redact_url(values["redis"]["url"])  # never the admin password
     source = ctx.meta["config_path"]
     if as_json:
         emit_json({"config_file": str(source) if source else None, "settings": values})
         return
     click.echo(f"# config file: {source or '(none)'}")
-    emit_table(
-        [
-            {"setting": name, "value": values[name], "description": info.description or ""}
-            for name, info in Settings.model_fields.items()
-        ],
-        ["setting", "value", "description"],
-    )
+    rows = []
+    for name, info in Settings.model_fields.items():
+        table = info.annotation
+        if isinstance(table, type) and issubclass(table, BaseModel):  # [redis], [safety]...
+            rows += [
+                {
+                    "setting": f"{name}.{key}",
+                    "value": values[name][key],
+                    "description": sub.description or "",
+                }
+                for key, sub in table.model_fields.items()
+            ]
+        else:
+            rows.append(
+                {"setting": name, "value": values[name], "description": info.description or ""}
+            )
+    emit_table(rows, ["setting", "value", "description"])
 
 
 cli.add_command(backtest)

@@ -28,7 +28,7 @@ def policy_list(settings: Settings, as_json: bool) -> None:
     """The active policies: the policy directory's, overridden by applied ones."""
     _, state, _ = build(settings)
     applied = state.applied_policies()
-    policies, problems = active_policies(settings.policy_dir, applied)
+    policies, problems = active_policies(settings.service.policy_dir, applied)
     for problem in problems:
         click.echo(f"warning: {problem}", err=True)
     rows = [
@@ -36,7 +36,7 @@ def policy_list(settings: Settings, as_json: bool) -> None:
             "name": p.name,
             "mode": p.actions.mode,
             "min_slowdown_pct": p.detection.min_slowdown_pct,
-            "default": p.name == settings.default_policy,
+            "default": p.name == settings.service.default_policy,
             "source": "applied" if p.name in applied else "file",
             "description": p.description,
         }
@@ -56,7 +56,7 @@ def policy_list(settings: Settings, as_json: bool) -> None:
 def policy_show(settings: Settings, name: str, as_json: bool) -> None:
     """One active policy with every field, as JSON (always; --json is accepted)."""
     _, state, _ = build(settings)
-    policies, _problems = active_policies(settings.policy_dir, state.applied_policies())
+    policies, _problems = active_policies(settings.service.policy_dir, state.applied_policies())
     if name not in policies:
         raise StragglerError(
             f"no policy {printable(name[:64])!r}; have {', '.join(sorted(policies))}"
@@ -95,7 +95,7 @@ def policy_apply(
     name = _target(path, loaded.name, as_name)
     loaded = loaded.model_copy(update={"name": name})
     _, state, _ = build(settings)
-    policies, _problems = active_policies(settings.policy_dir, state.applied_policies())
+    policies, _problems = active_policies(settings.service.policy_dir, state.applied_policies())
     if name in policies:
         changes = _diff(policies[name].model_dump(), loaded.model_dump())
         for line in changes:
@@ -154,7 +154,7 @@ def policy_diff(settings: Settings, path: Path, as_json: bool) -> None:
     """What a policy file would change against the active policy of the same name."""
     new = load_policy(path)
     _, state, _ = build(settings)
-    policies, _problems = active_policies(settings.policy_dir, state.applied_policies())
+    policies, _problems = active_policies(settings.service.policy_dir, state.applied_policies())
     current = policies[new.name].model_dump() if new.name in policies else None
     changes = _diff(current, new.model_dump()) if current is not None else []
     if as_json:

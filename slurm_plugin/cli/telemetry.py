@@ -172,7 +172,7 @@ def sidecar(
     "--socket",
     "socket_path",
     type=click.Path(path_type=Path, dir_okay=False),
-    help="Unix socket to listen on (default: the telemetry_relay_socket setting).",
+    help="Unix socket to listen on (default: the telemetry.relay_socket setting).",
 )
 @click.option(
     "--tick",
@@ -190,9 +190,9 @@ def relay(
     """Publish this node's ranks' step timings over one Redis connection (run as root, one per
     node): ranks send their flushes to the socket, and the relay refuses a flush for any job
     but the sending process's own. On SIGTERM it stops; --json then prints what it relayed."""
-    path = socket_path or settings.telemetry_relay_socket
+    path = socket_path or settings.telemetry.relay_socket
     if path is None:
-        raise click.UsageError("no socket: give --socket or set telemetry_relay_socket")
+        raise click.UsageError("no socket: give --socket or set telemetry.relay_socket")
     server = Relay(_store(settings), node, path, tick_s=tick_s)
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     try:

@@ -87,7 +87,7 @@ def run_scenario(
         **os.environ,
         **cluster.env(),
         "STRAGGLER_REDIS_URL": url,
-        "STRAGGLER_POLICY_DIR": str(REPO / "policies"),
+        "STRAGGLER_SERVICE_POLICY_DIR": str(REPO / "policies"),
         "STRAGGLER_SERVICE_INTERVAL_S": "1",
         "PYTHON": sys.executable,
         "CKPT_DIR": str(work / "ckpt"),
@@ -239,8 +239,8 @@ def _submit(
 def _prolog(work: Path, url: str) -> Path:
     """A prolog target: our prolog with this run's Redis (no GPUs or IB on a dev machine)."""
     (work / "prolog.toml").write_text(
-        f'redis_url = "{url}"\nhealth_gpu = "off"\nhealth_state_dir = "{work / "state"}"\n'
-        f'health_sysfs_root = "{work / "no-sysfs"}"\n'
+        f'[redis]\nurl = "{url}"\n[health]\ngpu = "off"\nstate_dir = "{work / "state"}"\n'
+        f'sysfs_root = "{work / "no-sysfs"}"\n'
     )
     target = work / "run-prolog"
     target.write_text(

@@ -24,6 +24,7 @@ from slurm_plugin.devcluster import procs
 from slurm_plugin.devcluster.accounting import PROGRAMS as ACCOUNTING_PROGRAMS
 from slurm_plugin.devcluster.accounting import Accounting
 from slurm_plugin.devcluster.conf import hook_script, requeue_settings, write_if_changed
+from slurm_plugin.devcluster.settings import DevSettings
 from slurm_plugin.devcluster.status import READY_STATES, ClusterStatus, DaemonStatus
 from slurm_plugin.errors import CommandError, DevClusterError
 from slurm_plugin.slurm.release import SlurmRelease, parse_version
@@ -92,12 +93,14 @@ class DevCluster:
 
     @classmethod
     def from_settings(cls, settings: Settings, **kwargs: object) -> DevCluster:
-        """A cluster configured by ``devcluster_*`` settings."""
+        """A cluster where ``STRAGGLER_DEVCLUSTER_*`` puts it, with the settings' Slurm
+        command timeout."""
+        dev = DevSettings()
         return cls(
-            settings.devcluster_dir,
-            redis_port=settings.devcluster_redis_port,
-            slurmctld_port=settings.devcluster_slurmctld_port,
-            command_timeout_s=settings.command_timeout_s,
+            dev.dir,
+            redis_port=dev.redis_port,
+            slurmctld_port=dev.slurmctld_port,
+            command_timeout_s=settings.slurm.command_timeout_s,
             **kwargs,  # type: ignore[arg-type]
         )
 

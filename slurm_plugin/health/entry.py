@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 #: syslog facility daemon (3) * 8 + severity: warning (4), error (3).
 _PRIORITY = {"warning": 3 * 8 + 4, "error": 3 * 8 + 3}
@@ -31,7 +32,9 @@ def to_syslog(kind: str, level: str, message: str, path: Path | None = _DEFAULT_
         return
 
 
-def _run(kind: str) -> int:
+def run_hook(kind: str, nvml: Any = None) -> int:
+    """The prolog or epilog (``kind``) as slurmd runs it; ``nvml`` (node -> NVML) replaces
+    pynvml (the dev cluster's fake GPUs). Returns the exit code: 0 pass, 1 fail."""
     try:
         from slurm_plugin.config import load_settings  # noqa: PLC0415
         from slurm_plugin.logging import configure_logging  # noqa: PLC0415
@@ -48,9 +51,9 @@ def _run(kind: str) -> int:
     from slurm_plugin.health.hook import run_epilog, run_prolog  # noqa: PLC0415
 
     log = structlog.get_logger(f"straggler.{kind}")
-    syslog = settings.health_syslog_socket
+    syslog = settings.health.syslog_socket
     try:
-        result = (run_prolog if kind == "prolog" else run_epilog)(os.environ, settings)
+        result = (run_prolog if kind == "prolog" else run_epilog)(os.environ, settings, nvml)
     except Exception as exc:
         log.exception(f"{kind}.crashed")
         to_syslog(kind, "error", f"crashed, passing: {type(exc).__name__}: {exc}", syslog)
@@ -79,13 +82,13 @@ def _run(kind: str) -> int:
 def prolog_main() -> None:
     """Entry point of ``straggler-prolog``."""
     sys.stdout.flush()
-    code = _run("prolog")
+    code = run_hook("prolog")
     sys.stderr.flush()
     os._exit(code)
 
 
 def epilog_main() -> None:
     """Entry point of ``straggler-epilog``."""
-    code = _run("epilog")
+    code = run_hook("epilog")
     sys.stderr.flush()
     os._exit(code)

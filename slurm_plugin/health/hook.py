@@ -34,6 +34,9 @@ from slurm_plugin.probes.gpu import GpuSample, NvmlProbe, NvmlUnavailableError
 
 log = structlog.get_logger(__name__)
 NvmlFactory = Callable[[], Any]
+#: What gives the checks their NVML for a node: pynvml itself unless one is passed in (the dev
+#: cluster's prolog passes fake GPUs, ``slurm_plugin.devcluster.fake_prolog``).
+NvmlSource = Callable[[str], Any]
 
 
 @dataclass
@@ -54,18 +57,11 @@ class HookResult:
         return "; ".join(drains) if drains else "ok"
 
 
-def _nvml_factory(settings: Settings, node: str) -> NvmlFactory | None:
-    if settings.health_gpu == "off":
+def _nvml_factory(settings: Settings, node: str, nvml: NvmlSource | None) -> NvmlFactory | None:
+    if settings.health.gpu == "off":
         return None
-    if settings.devcluster_fake_nvml is not None:
-        fake = settings.devcluster_fake_nvml
-
-        def make_fake() -> Any:
-            from slurm_plugin.probes.fake_nvml import fake_nvml_from_spec  # noqa: PLC0415
-
-            return fake_nvml_from_spec(fake, node)
-
-        return make_fake
+    if nvml is not None:
+        return lambda: nvml(node)
 
     def make_real() -> Any:
         import importlib  # noqa: PLC0415
@@ -125,20 +121,20 @@ def _save_state(path: Path, data: dict[str, Any], problems: list[str]) -> None:
 
 
 def _gpu_findings(
-    settings: Settings, node: str, budget_left: float, result: HookResult
+    settings: Settings, node: str, budget_left: float, result: HookResult, nvml: NvmlSource | None
 ) -> list[GpuSample]:
-    factory = _nvml_factory(settings, node)
+    factory = _nvml_factory(settings, node, nvml)
     if factory is None:
         return []
-    samples, error = probe_gpus(factory, min(settings.health_nvml_timeout_s, budget_left))
-    expected = settings.health_expected_gpus
+    samples, error = probe_gpus(factory, min(settings.health.nvml_timeout_s, budget_left))
+    expected = settings.health.expected_gpus
     if error == "timeout":
         result.findings.append(
             Finding(
                 "nvml",
                 "drain",
                 "NVML did not answer within "
-                f"{min(settings.health_nvml_timeout_s, budget_left):g} s",
+                f"{min(settings.health.nvml_timeout_s, budget_left):g} s",
             )
         )
     elif error.startswith("missing"):
@@ -154,9 +150,9 @@ def _gpu_findings(
         return []
     thresholds = GpuThresholds(
         expected_count=expected,
-        max_temp_c=settings.health_max_temp_c,
-        min_sm_clock_max_mhz=settings.health_min_sm_clock_max_mhz,
-        critical_xids=frozenset(settings.health_critical_xids),
+        max_temp_c=settings.health.max_temp_c,
+        min_sm_clock_max_mhz=settings.health.min_sm_clock_max_mhz,
+        critical_xids=frozenset(settings.health.critical_xids),
     )
     samples = _with_kernel_xids(settings, samples, thresholds, result)
     result.findings += check_gpus(samples, thresholds)
@@ -169,12 +165,12 @@ def _with_kernel_xids(
 ) -> list[GpuSample]:
     """Add the XIDs the driver logged since the last check (prolog or epilog) to the GPUs they
     name by PCI address; one on a GPU NVML does not list is a finding of its own."""
-    if settings.health_kmsg_path is None:
+    if settings.health.kmsg_path is None:
         return samples
-    state_path = settings.health_state_dir / "kmsg.json"
+    state_path = settings.health.state_dir / "kmsg.json"
     after = _load_state(state_path).get("seq", -1)
     try:
-        xids, newest = new_xids(settings.health_kmsg_path, after if isinstance(after, int) else -1)
+        xids, newest = new_xids(settings.health.kmsg_path, after if isinstance(after, int) else -1)
     except OSError as exc:
         result.problems.append(f"kernel log unreadable, its XIDs skipped: {exc.strerror or exc}")
         return samples
@@ -195,16 +191,16 @@ def _with_kernel_xids(
 
 
 def _fabric_findings(settings: Settings, result: HookResult) -> None:
-    root = settings.health_sysfs_root
-    state_path = settings.health_state_dir / "fabric.json"
+    root = settings.health.sysfs_root
+    state_path = settings.health.state_dir / "fabric.json"
     ports = read_ports(root)
     previous = _load_state(state_path)
     result.findings += check_fabric(
         ports,
         previous,
-        expected_hcas=settings.health_expected_hcas,
+        expected_hcas=settings.health.expected_hcas,
         hcas=count_hcas(root),
-        expected_rate_gbps=settings.health_expected_ib_rate_gbps,
+        expected_rate_gbps=settings.health.expected_ib_rate_gbps,
     )
     if ports:
         _save_state(state_path, {p.name: p.counters for p in ports}, result.problems)
@@ -214,7 +210,7 @@ def _redis(settings: Settings) -> Any:
     from slurm_plugin.telemetry.store import connect_from  # noqa: PLC0415 - only when needed
 
     return connect_from(
-        settings, timeout_s=min(settings.redis_timeout_s, 2.0), retries=0, decode=True
+        settings, timeout_s=min(settings.redis.timeout_s, 2.0), retries=0, decode=True
     )
 
 
@@ -244,7 +240,7 @@ def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult
             result.findings.append(Finding("persistent", "drain", text[:200]))
         if result.job_id:
             registration.register(client, result.job_id, _registration(env))
-        if result.job_id and settings.job_credentials:
+        if result.job_id and settings.telemetry.job_credentials:
             _issue_credential(client, settings, env, result)
         check = {
             "ts": time.time(),
@@ -296,16 +292,19 @@ def _issue_credential(
     except Exception as exc:  # noqa: BLE001 - e.g. the admin user lacks +acl: the job runs
         result.problems.append(f"cannot issue the job's Redis credential: {exc}")
         return
-    values: dict[str, str | bool | float] = {
-        "redis_url": credentials.job_url(settings.redis_url, result.job_id, password),
-        "redis_cluster": settings.redis_cluster,
-        "redis_timeout_s": settings.redis_timeout_s,
-        "telemetry_enabled": settings.telemetry_enabled,
-        "telemetry_flush_interval_s": settings.telemetry_flush_interval_s,
+    redis: dict[str, str | bool | float] = {
+        "url": credentials.job_url(settings.redis.url, result.job_id, password),
+        "cluster": settings.redis.cluster,
+        "timeout_s": settings.redis.timeout_s,
     }
-    if settings.redis_tls_ca_file is not None:
-        values["redis_tls_ca_file"] = str(settings.redis_tls_ca_file)
-    path = credentials.credential_path(result.job_id, settings.job_credentials_dir)
+    if settings.redis.tls_ca_file is not None:
+        redis["tls_ca_file"] = str(settings.redis.tls_ca_file)
+    telemetry: dict[str, str | bool | float] = {
+        "enabled": settings.telemetry.enabled,
+        "flush_interval_s": settings.telemetry.flush_interval_s,
+    }
+    values = {"redis": redis, "telemetry": telemetry}
+    path = credentials.credential_path(result.job_id, settings.telemetry.job_credentials_dir)
     try:
         credentials.write_file(path, credentials.render(result.job_id, values), uid, gid)
     except (OSError, StragglerError) as exc:
@@ -315,23 +314,25 @@ def _issue_credential(
 def _remove_credential_file(settings: Settings, result: HookResult) -> None:
     from slurm_plugin.telemetry import credentials  # noqa: PLC0415
 
-    path = credentials.credential_path(result.job_id, settings.job_credentials_dir)
+    path = credentials.credential_path(result.job_id, settings.telemetry.job_credentials_dir)
     try:
         credentials.remove_file(path)
     except OSError as exc:
         result.problems.append(f"cannot remove the job credential {path}: {exc}")
 
 
-def run_prolog(env: Mapping[str, str], settings: Settings) -> HookResult:
-    """All prolog checks within ``health_budget_s``; the exit code is in the result."""
+def run_prolog(
+    env: Mapping[str, str], settings: Settings, nvml: NvmlSource | None = None
+) -> HookResult:
+    """All prolog checks within ``health.budget_s``; the exit code is in the result."""
     started = time.monotonic()
     node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     result = HookResult(node=node, job_id=env.get("SLURM_JOB_ID", ""))
-    budget = settings.health_budget_s
-    samples = _gpu_findings(settings, node, budget, result)
+    budget = settings.health.budget_s
+    samples = _gpu_findings(settings, node, budget, result, nvml)
     if samples:
         ecc = {str(g.index): {"ecc": g.ecc_uncorrected_volatile} for g in samples}
-        _save_state(settings.health_state_dir / "gpu.json", ecc, result.problems)
+        _save_state(settings.health.state_dir / "gpu.json", ecc, result.problems)
     if time.monotonic() - started < budget:
         _fabric_findings(settings, result)
     else:
@@ -343,13 +344,15 @@ def run_prolog(env: Mapping[str, str], settings: Settings) -> HookResult:
     return result
 
 
-def run_epilog(env: Mapping[str, str], settings: Settings) -> HookResult:
+def run_epilog(
+    env: Mapping[str, str], settings: Settings, nvml: NvmlSource | None = None
+) -> HookResult:
     """Post-job checks (new critical XIDs, ECC errors since the prolog), job key expiry."""
     started = time.monotonic()
     node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     result = HookResult(node=node, job_id=env.get("SLURM_JOB_ID", ""))
-    before = _load_state(settings.health_state_dir / "gpu.json")
-    samples = _gpu_findings(settings, node, settings.health_budget_s, result)
+    before = _load_state(settings.health.state_dir / "gpu.json")
+    samples = _gpu_findings(settings, node, settings.health.budget_s, result, nvml)
     # Right after a job only what the job may have broken counts: XIDs, page retirement, row
     # remapping, a hung NVML, and ECC errors that appeared since the prolog.
     result.findings = [
@@ -371,11 +374,11 @@ def run_epilog(env: Mapping[str, str], settings: Settings) -> HookResult:
         from slurm_plugin.telemetry.node_record import NodeRecord  # noqa: PLC0415
         from slurm_plugin.telemetry.store import TelemetryStore  # noqa: PLC0415
 
-        if result.job_id and settings.job_credentials:
+        if result.job_id and settings.telemetry.job_credentials:
             # The file goes first: Redis being away must not leave a credential behind.
             _remove_credential_file(settings, result)
         client = _redis(settings)
-        if result.job_id and settings.job_credentials:
+        if result.job_id and settings.telemetry.job_credentials:
             credentials.revoke(client, result.job_id)
         if result.job_id:
             TelemetryStore(client).expire_job(result.job_id)

@@ -1,6 +1,6 @@
 """The cluster-wide rails: bounds on everything the service does and the rules of the shared
 node history. They are the admin's, set in the service's configuration (``[safety]``,
-``[persistence]``, ``drain_persistent``), never in a policy file a job can pick."""
+``[persistence]``, ``service.drain_persistent``), never in a policy file a job can pick."""
 
 from __future__ import annotations
 

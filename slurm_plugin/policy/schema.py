@@ -1,7 +1,7 @@
 """Policy files (TOML) as validated pydantic models; every field documented, typos rejected.
 
 A policy holds only job-level knobs (``[detection]``, ``[actions]``); the cluster-wide rails
-(``[safety]``, ``[persistence]``, ``drain_persistent``) are the service's settings
+(``[safety]``, ``[persistence]``, ``service.drain_persistent``) are the service's settings
 (:mod:`slurm_plugin.policy.rails`), never a job's choice.
 """
 

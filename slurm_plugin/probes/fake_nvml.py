@@ -198,7 +198,7 @@ def fake_nvml_from_spec(path: Path, node: str) -> FakeNvml:
     """A FakeNvml for ``node`` from a JSON spec ``{"default": {"gpus": 8}, "nodes": {"node3":
     {"faults": {"2": {"ecc_uncorrected_volatile": 3}}}}}``: ``gpus`` GPUs with FakeGpu
     defaults, then per-GPU fields overridden by ``faults``. XIDs of earlier jobs are not NVML
-    events a new process can see: write them as kernel log lines (``health_kmsg_path``)."""
+    events a new process can see: write them as kernel log lines (``health.kmsg_path``)."""
     spec = json.loads(path.read_text())
     entry = {**spec.get("default", {}), **spec.get("nodes", {}).get(node, {})}
     gpus = [FakeGpu(uuid=f"GPU-{node}-{i}") for i in range(int(entry.get("gpus", 8)))]

@@ -11,7 +11,7 @@ from slurm_plugin.telemetry.store import TelemetryStore, connect_from
 def build(settings: Settings) -> tuple[ScontrolScheduler, ServiceState, TelemetryStore]:
     """The scontrol scheduler, the Redis state and the telemetry store."""
     state = ServiceState(
-        connect_from(settings, decode=True), retention_s=settings.decision_retention_s
+        connect_from(settings, decode=True), retention_s=settings.service.decision_retention_s
     )
     store = TelemetryStore(connect_from(settings))
     return ScontrolScheduler(settings), state, store

@@ -103,7 +103,7 @@ class Service:
         # The lock names the deployment: `straggler status` tells two that share a Slurm.
         self.instance = instance or f"{settings.deployment}/{socket.gethostname()}:{os.getpid()}"
         self.metrics = metrics or Metrics()
-        self.lock_ttl_s = lock_ttl_s or max(10.0, 5 * settings.service_interval_s)
+        self.lock_ttl_s = lock_ttl_s or max(10.0, 5 * settings.service.interval_s)
         # Every Slurm-changing call confirms the lock first (the fence), and no step of a cycle
         # waits on Slurm for more than a quarter of the lock's life (verification goes on in
         # the next cycle), so a stalled instance cannot act next to the new leader.
@@ -112,7 +112,7 @@ class Service:
             self.slurm,
             state,
             clock=clock,
-            unknown_grace_s=settings.action_grace_s,
+            unknown_grace_s=settings.service.action_grace_s,
             step_budget_s=self.lock_ttl_s / 4,
             deployment=settings.deployment,
         )
@@ -182,7 +182,9 @@ class Service:
         jobs = self.slurm.jobs()
         if not self.dry_run:
             self.executor.release_orphans(jobs)
-        if self.settings.job_credentials:  # only from Slurm's answer: silence revokes nothing
+        if (
+            self.settings.telemetry.job_credentials
+        ):  # only from Slurm's answer: silence revokes nothing
             self._ingest.sweep_credentials({j.job_id for j in jobs}, self.clock())
         running = {j.job_id: j for j in jobs if j.running}
         self._identities.restore_waiting(jobs)
@@ -204,7 +206,7 @@ class Service:
             report.ignored_records += ignored
         report.jobs = len(self._job_policy)
         events: list[Event] = []
-        interval = self.settings.service_interval_s
+        interval = self.settings.service.interval_s
         deadline = max(
             started + interval * CYCLE_SHARE, time.monotonic() + interval * DETECT_MIN_SHARE
         )
@@ -313,7 +315,7 @@ class Service:
             event.node,
             gpus,
             time.time(),  # the sidecar stamps samples with the wall clock
-            self.settings.evidence_max_age_s,
+            self.settings.service.evidence_max_age_s,
         )
         past = self._node_incidents(event.node, job, now)
         if is_slowdown(event, policy):  # speed-ups and small blips never enter node history
@@ -477,7 +479,7 @@ class Service:
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, *, once: bool = False, stop: threading.Event | None = None) -> CycleReport:
-        """Cycle every ``service_interval_s`` until stopped; returns the last cycle's report."""
+        """Cycle every ``service.interval_s`` until stopped; returns the last cycle's report."""
         stop = stop or threading.Event()
         while True:
             report = self.cycle()
@@ -490,5 +492,5 @@ class Service:
                 duration_s=round(report.duration_s, 4),
                 error=report.error,
             )
-            if once or stop.wait(self.settings.service_interval_s):
+            if once or stop.wait(self.settings.service.interval_s):
                 return report

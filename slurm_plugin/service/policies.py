@@ -27,7 +27,7 @@ class PolicySet:
     @property
     def default(self) -> Policy:
         """The cluster's default policy."""
-        return self.policies[self.settings.default_policy]
+        return self.policies[self.settings.service.default_policy]
 
     def reload(self) -> None:
         """Re-read the policy directory and the applied policies; keep the last good set when
@@ -43,12 +43,12 @@ class PolicySet:
 
     def _read(self) -> dict[str, Policy]:
         policies, problems = active_policies(
-            self.settings.policy_dir, self.state.applied_policies()
+            self.settings.service.policy_dir, self.state.applied_policies()
         )
         for problem in problems:
             log.warning("service.applied_policy_invalid", problem=problem)
-        if self.settings.default_policy not in policies:
-            raise StragglerError(f"default policy {self.settings.default_policy!r} missing")
+        if self.settings.service.default_policy not in policies:
+            raise StragglerError(f"default policy {self.settings.service.default_policy!r} missing")
         return policies
 
     def prefetch(self, job_ids: list[str]) -> None:
@@ -63,7 +63,7 @@ class PolicySet:
         if meta is None:
             meta = self.state.job_meta(job.job_id)
         wanted = meta.policy or policy_from_comment(job.comment) or ""
-        allowed = self.settings.allowed_policies
+        allowed = self.settings.service.allowed_policies
         if wanted and (
             wanted not in self.policies or (allowed is not None and wanted not in allowed)
         ):

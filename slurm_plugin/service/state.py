@@ -400,7 +400,7 @@ class ServiceState:
                 f"Redis holds key layout (schema) version {str(raw)[:20]!r}, this release "
                 f"uses {keys.SCHEMA_VERSION} (hint: upgrade or roll back as docs/deploy.md says; "
                 f"never point two releases with different layouts at one Redis)",
-                field="redis_url",
+                field="redis.url",
             )
         return found
 

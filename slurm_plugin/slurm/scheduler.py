@@ -91,7 +91,7 @@ class ScontrolScheduler:
         argv = [self.settings.slurm_command(name), *args]
         try:
             result: CommandResult = self._runner(
-                argv, timeout_s=self.settings.command_timeout_s, env=self.settings.slurm_env()
+                argv, timeout_s=self.settings.slurm.command_timeout_s, env=self.settings.slurm_env()
             )
         except CommandError as exc:
             raise SlurmError(f"{' '.join(argv[:4])}: {exc}") from exc

@@ -162,8 +162,9 @@ def credential_path(job_id: str, directory: Path | None = None) -> Path:
     return base / f"{keys.check_job_id(job_id)}.toml"
 
 
-def render(job_id: str, values: Mapping[str, str | bool | float]) -> str:
-    """The credential file: a settings file (TOML) for the job's ranks alone."""
+def render(job_id: str, values: Mapping[str, Mapping[str, Any]]) -> str:
+    """The credential file: a settings file (TOML, a table per owner: ``[redis]``...) for the
+    job's ranks alone."""
     header = f"# straggler: Redis credential of job {job_id} only; prolog writes, epilog deletes."
     return f"{header}\n{tomli_w.dumps(dict(values))}"
 

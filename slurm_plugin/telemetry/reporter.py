@@ -213,8 +213,8 @@ class StepReporter:
             return cls.disabled("not inside a Slurm job (SLURM_JOB_ID is not set)")
         try:
             settings = credentials.job_settings(job_id, env, load_settings)
-            if not settings.telemetry_enabled:
-                return cls.disabled("telemetry_enabled is false")
+            if not settings.telemetry.enabled:
+                return cls.disabled("[telemetry] enabled is false")
             where = rank_env(env)
             connect_from(settings)  # validates the URL and TLS settings, sends nothing
             return cls(
@@ -225,10 +225,10 @@ class StepReporter:
                 attempt=where.attempt,
                 world_size=where.world,
                 store_factory=lambda: TelemetryStore(connect_from(settings, retries=0)),
-                flush_interval_s=settings.telemetry_flush_interval_s,
-                buffer_records=settings.telemetry_buffer_records,
+                flush_interval_s=settings.telemetry.flush_interval_s,
+                buffer_records=settings.telemetry.buffer_records,
                 group=where.group,
-                relay_socket=settings.telemetry_relay_socket,
+                relay_socket=settings.telemetry.relay_socket,
             )
         except StragglerError as exc:
             return cls.disabled(f"telemetry misconfigured: {exc}")

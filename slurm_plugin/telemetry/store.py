@@ -91,7 +91,7 @@ def connect(
             f"TLS files are configured but {_redact(url)!r} is not a rediss:// URL"
         )
     if cluster and redis_url.is_sentinel(url):
-        raise RedisUnavailableError("redis_cluster and a Sentinel URL exclude each other")
+        raise RedisUnavailableError("redis.cluster and a Sentinel URL exclude each other")
     try:
         if redis_url.is_sentinel(url):
             return master_client(redis_url.parse_sentinel(url), options)
@@ -111,9 +111,9 @@ def connect_from(
 ) -> RedisClient:
     """A client configured by ``settings``: URL, cluster mode, TLS material, timeout."""
     return connect(
-        settings.redis_url,
-        timeout_s=settings.redis_timeout_s if timeout_s is None else timeout_s,
-        cluster=settings.redis_cluster,
+        settings.redis.url,
+        timeout_s=settings.redis.timeout_s if timeout_s is None else timeout_s,
+        cluster=settings.redis.cluster,
         retries=retries,
         decode=decode,
         tls=tls_from(settings),
@@ -123,7 +123,7 @@ def connect_from(
 def tls_from(settings: Settings) -> Tls:
     """The TLS material named by ``settings``."""
     return Tls(
-        settings.redis_tls_ca_file, settings.redis_tls_cert_file, settings.redis_tls_key_file
+        settings.redis.tls_ca_file, settings.redis.tls_cert_file, settings.redis.tls_key_file
     )
 
 

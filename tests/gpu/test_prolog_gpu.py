@@ -20,9 +20,8 @@ def test_the_prolog_checks_every_real_gpu_within_its_budget(tmp_path: Path) -> N
     except NvmlUnavailableError as exc:
         pytest.skip(f"no usable NVML here: {exc}")
     settings = Settings(
-        redis_url="redis://127.0.0.1:1/0",  # no Redis: the GPU checks alone are timed
-        health_state_dir=tmp_path / "state",
-        health_sysfs_root=tmp_path / "no-sysfs",
+        redis={"url": "redis://127.0.0.1:1/0"},
+        health={"state_dir": tmp_path / "state", "sysfs_root": tmp_path / "no-sysfs"},
     )
     result = run_prolog({"SLURMD_NODENAME": "gpu-check", "SLURM_JOB_ID": "1"}, settings)
     print(  # noqa: T201
@@ -30,4 +29,4 @@ def test_the_prolog_checks_every_real_gpu_within_its_budget(tmp_path: Path) -> N
         f"findings {[str(f) for f in result.findings]}"
     )
     assert result.gpus
-    assert result.elapsed_s < settings.health_budget_s
+    assert result.elapsed_s < settings.health.budget_s

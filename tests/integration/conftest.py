@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -298,7 +297,7 @@ def env(
     values = {
         **cluster.env(),
         "STRAGGLER_REDIS_URL": redis_url,
-        "STRAGGLER_POLICY_DIR": str(policy_dir),
+        "STRAGGLER_SERVICE_POLICY_DIR": str(policy_dir),
         "STRAGGLER_SERVICE_INTERVAL_S": "1",
         "STRAGGLER_TELEMETRY_FLUSH_INTERVAL_S": "0.5",
         "PYTHONPATH": str(REPO),
@@ -358,6 +357,8 @@ def install_prolog(
     tree; returns the target script. Call ``cluster.up()`` to go back to the plain dispatcher."""
     import json  # noqa: PLC0415
 
+    from slurm_plugin.devcluster.fake_prolog import write_bin  # noqa: PLC0415
+    from slurm_plugin.devcluster.settings import FAKE_NVML_ENV  # noqa: PLC0415
     from slurm_plugin.testing import build_ib_tree  # noqa: PLC0415
 
     base.mkdir(parents=True, exist_ok=True)
@@ -365,18 +366,17 @@ def install_prolog(
     (base / "gpus.json").write_text(json.dumps({"default": {"gpus": 8}, "nodes": faults}))
     build_ib_tree(base / "root", 8)
     (base / "config.toml").write_text(
-        f'redis_url = "{redis_url}"\n'
-        f'devcluster_fake_nvml = "{base / "gpus.json"}"\n'
-        f'health_sysfs_root = "{base / "root"}"\n'
-        f'health_state_dir = "{base / "state"}"\n'
-        "health_expected_gpus = 8\nhealth_expected_hcas = 8\n"
-        "health_expected_ib_rate_gbps = 400\n"
+        f'[redis]\nurl = "{redis_url}"\n[health]\n'
+        f'sysfs_root = "{base / "root"}"\n'
+        f'state_dir = "{base / "state"}"\n'
+        "expected_gpus = 8\nexpected_hcas = 8\nexpected_ib_rate_gbps = 400\n"
     )
     target = base / "run-prolog"
     target.write_text(
         "#!/bin/sh\n"
         f"export STRAGGLER_CONFIG={base / 'config.toml'}\n"
-        f"export STRAGGLER_PROLOG_BIN={Path(sys.executable).parent / 'straggler-prolog'}\n"
+        f"export {FAKE_NVML_ENV}={base / 'gpus.json'}\n"
+        f"export STRAGGLER_PROLOG_BIN={write_bin(base / 'prolog-bin')}\n"
         f"exec {REPO / 'prolog' / 'straggler-prolog.sh'}\n"
     )
     target.chmod(0o755)

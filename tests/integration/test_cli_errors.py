@@ -93,7 +93,7 @@ def test_redis_unreachable(cluster: DevCluster, command: str) -> None:
         **os.environ,
         **cluster.env(),
         "STRAGGLER_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
-        "STRAGGLER_POLICY_DIR": str(REPO / "policies"),
+        "STRAGGLER_SERVICE_POLICY_DIR": str(REPO / "policies"),
     }
     result = _run(command, env)
     _assert_one_line_failure(result, "Redis at redis://127.0.0.1:")
@@ -116,8 +116,8 @@ def test_slurmctld_stopped(cluster: DevCluster, no_slurmctld: None, command: str
     env = {
         **os.environ,
         **cluster.env(),
-        "STRAGGLER_POLICY_DIR": str(REPO / "policies"),
-        "STRAGGLER_COMMAND_TIMEOUT_S": "20",
+        "STRAGGLER_SERVICE_POLICY_DIR": str(REPO / "policies"),
+        "STRAGGLER_SLURM_COMMAND_TIMEOUT_S": "20",
     }
     result = _run(command, env)
     _assert_one_line_failure(result, "error:")

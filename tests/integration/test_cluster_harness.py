@@ -71,7 +71,7 @@ def test_drain_with_reason_then_resume(slurm: Slurm) -> None:
     wait_for(lambda: slurm.node_state("node4") == "idle", 30, "node4 to be idle")
     # Slurm 24.11 keeps the Reason for 20 s or more after RESUME (22.05 and 26.05 clear it):
     # whether a node is drained is read from its state flags, never from its reason.
-    scheduler = ScontrolScheduler(Settings(slurm_conf=slurm.cluster.slurm_conf))
+    scheduler = ScontrolScheduler(Settings(slurm={"conf": slurm.cluster.slurm_conf}))
     node4 = next(n for n in scheduler.nodes() if n.name == "node4")
     assert (node4.drained, node4.usable) == (False, True)
 
@@ -97,8 +97,8 @@ def test_redis_round_trip_through_the_configured_url(
     """Settings read STRAGGLER_REDIS_URL; a value written there is read back from the server."""
     monkeypatch.setenv("STRAGGLER_REDIS_URL", redis_url)
     settings = load_settings()
-    assert settings.redis_url == redis_url
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=settings.redis_timeout_s)
+    assert settings.redis.url == redis_url
+    client = redis.Redis.from_url(settings.redis.url, socket_timeout=settings.redis.timeout_s)
     client.set("stg:test:roundtrip", "ok", ex=60)
     assert client.get("stg:test:roundtrip") == b"ok"
     assert client.config_get("port")["port"] == redis_url.split(":")[2].split("/", maxsplit=1)[0]

@@ -125,7 +125,8 @@ def make_loop(private_redis: RedisServer, tmp_path: Path) -> Iterator[Callable[.
         text = redis.Redis.from_url(private_redis.url, decode_responses=True)
         raw = redis.Redis.from_url(private_redis.url)
         clients.extend([text, raw])
-        settings = Settings(policy_dir=policy_dir, service_interval_s=1, **settings_values)
+        table = {"policy_dir": policy_dir, "interval_s": 1, **settings_values.pop("service", {})}
+        settings = Settings(**settings_values, service=table)
         state = ServiceState(text, clock)
         store = TelemetryStore(raw)
         service = Service(
@@ -413,8 +414,7 @@ def test_only_the_service_takes_a_node_out_after_its_rails(
         "a",
         dry_run=dry_run,
         policy_dir=policies,
-        default_policy=cluster_policy,
-        drain_persistent=drain_persistent,
+        service={"default_policy": cluster_policy, "drain_persistent": drain_persistent},
         safety={"max_partition_drained_fraction": 1.0},
         # The jobs' slowdowns, reported after ~20 s, are incidents (the shipped rail: 300 s).
         persistence={"sustained_s": 10},
@@ -425,7 +425,7 @@ def test_only_the_service_takes_a_node_out_after_its_rails(
     assert acted == ([("drain", "node3")] if drains else [])
     if dry_run:
         assert slurm.changes == []
-    settings = Settings(redis_url=private_redis.url)
+    settings = Settings(redis={"url": private_redis.url})
     result = HookResult(node="node3", job_id="99")
     _redis_prolog(settings, {"SLURM_JOB_ID": "99", "SLURM_NODELIST": "node3"}, result)
     assert verdict(result.findings) == (1 if drains else 0), result.findings
@@ -439,7 +439,7 @@ def test_prolog_refuses_only_on_an_explicit_refusal(
     the prolog passes and clears its old finding."""
     clock = FakeClock()
     loop = make_loop(FakeScheduler([], NODES), clock, "a")
-    settings = Settings(redis_url=private_redis.url)
+    settings = Settings(redis={"url": private_redis.url})
     loop.state.refuse("node2", "d-0123456789ab", "straggler: persistent node2 [d-0123456789ab]")
     failed = HookResult(node="node2", job_id="1")
     _redis_prolog(settings, {"SLURM_JOB_ID": "1"}, failed)
@@ -482,7 +482,9 @@ def test_a_job_picks_only_allowed_policies(make_loop: Callable[..., Loop]) -> No
     """Issue 13 item 3: `--comment=straggler:policy=NAME` obeys the same allow-list as the
     SPANK option; a policy outside it gives the cluster default."""
     clock = FakeClock()
-    loop = make_loop(FakeScheduler([], NODES), clock, "a", allowed_policies=["observe", "evict"])
+    loop = make_loop(
+        FakeScheduler([], NODES), clock, "a", service={"allowed_policies": ["observe", "evict"]}
+    )
     loop.service.reload_policies()
     assert loop.service.policy_for(running_job(clock, policy="evict")).name == "evict"
     picked = loop.service.policy_for(running_job(clock, policy="evict-aggressive"))
@@ -576,8 +578,7 @@ def test_fifty_jobs_under_observe_or_dry_run_take_nothing_out(
         clock,
         "a",
         dry_run=dry_run,
-        default_policy=cluster_policy,
-        drain_persistent=True,
+        service={"default_policy": cluster_policy, "drain_persistent": True},
         safety={"max_partition_drained_fraction": 1.0},
     )
     slow = {"node3": 2.0, "node7": 1.5, "node11": 3.0}
@@ -725,7 +726,7 @@ def test_slurm_unknown_is_not_no_jobs(make_loop: Callable[..., Loop]) -> None:
     detector starting over. Only Slurm's answer that the job is gone revokes the credential."""
     clock = FakeClock()
     slurm = FakeScheduler([running_job(clock)], NODES)
-    loop = make_loop(slurm, clock, "a", job_credentials=True, lock_ttl_s=0.5)
+    loop = make_loop(slurm, clock, "a", telemetry={"job_credentials": True}, lock_ttl_s=0.5)
     credentials.issue(loop.store.client, "5")
     _run(loop, 0, 3, {"node3": 1.0})  # healthy steps: the detector is warm
     slurm.fail["jobs"] = SlurmError("squeue: Unable to contact slurm controller")

@@ -142,12 +142,14 @@ class ControlPlane(RuleBasedStateMachine):
         self.slurm.clock = self.clock
         self.store = TelemetryStore(redis.Redis.from_url(self.redis_url))
         self.settings = Settings(
-            redis_url=self.redis_url,
-            policy_dir=self.policy_dir,
-            default_policy="evict",
-            service_interval_s=1,
-            action_grace_s=30,
             safety=SafetyPolicy(max_evictions_per_hour=BUDGET, breaker_max_nodes=100),
+            redis={"url": self.redis_url},
+            service={
+                "policy_dir": self.policy_dir,
+                "default_policy": "evict",
+                "interval_s": 1,
+                "action_grace_s": 30,
+            },
         )
         self.users = itertools.count(1)
         self.steps: dict[str, int] = {}

@@ -1,7 +1,7 @@
 """Fault tolerance of the policy service on the real cluster: the service SIGKILLed after each
 step of an eviction, scontrol timing out, slurmctld restarting mid-eviction, Redis restarting.
 
-Faults are injected by a wrapper around the real ``scontrol`` (``slurm_bin_dir``): when its
+Faults are injected by a wrapper around the real ``scontrol`` (``slurm.bin_dir``): when its
 argv matches, it fires once, before or after running the real command. Afterwards, always: the
 job runs again without the slow node, requeued exactly once, not held by us, and every
 decision in the audit has reached a final state.
@@ -162,8 +162,8 @@ def services(
     values = {
         **env,
         "STRAGGLER_SLURM_BIN_DIR": str(faults.directory),
-        "STRAGGLER_COMMAND_TIMEOUT_S": "3",
-        "STRAGGLER_ACTION_GRACE_S": "6",
+        "STRAGGLER_SLURM_COMMAND_TIMEOUT_S": "3",
+        "STRAGGLER_SERVICE_ACTION_GRACE_S": "6",
     }
     started = Services(values, tmp_path, request.node)
     yield started
@@ -310,13 +310,13 @@ def test_redis_restarted_while_the_service_runs(
     service = services.start()
     job = _submit(slurm, job_dir, "observe")  # observe: detection happens, nothing acts
     slurm.wait_job(job, "RUNNING")
-    store = build(load_settings(redis_url=aof_redis.url))[2]
+    store = build(load_settings(redis={"url": aof_redis.url}))[2]
     wait_for(lambda: bool(store.latest_steps(job, entries=1)), 60, "the ranks to publish")
     aof_redis.stop()
     services.wait_failed_cycles(2, "Redis being away")
     aof_redis.start(*AOF)
     assert service.poll() is None, "the service died with Redis"
-    st = build(load_settings(redis_url=aof_redis.url))[1]
+    st = build(load_settings(redis={"url": aof_redis.url}))[1]
     beat = st.last_heartbeat()
     wait_for(
         lambda: (st.last_heartbeat() or {}).get("ts") != (beat or {}).get("ts"),
@@ -352,7 +352,7 @@ def test_redis_restarted_in_the_middle_of_an_eviction(
     services.wait_failed_cycles(2, "Redis being away")
     assert slurm.job(job)["Priority"] == "0", "the job should be held while Redis is away"
     aof_redis.start(*AOF)
-    st = build(load_settings(redis_url=aof_redis.url))[1]
+    st = build(load_settings(redis={"url": aof_redis.url}))[1]
     assert_clean_outcome(slurm, st, job, faults)
     assert service.poll() is None, "the service died with Redis"
 
@@ -389,7 +389,7 @@ def test_redis_without_data_restarted_mid_eviction(
     services.wait_failed_cycles(1, "Redis being away")
     assert slurm.job(job)["Priority"] == "0", "the job should be held while Redis is away"
     bare_redis.start("--appendonly", "no", "--save", "")
-    st = build(load_settings(redis_url=bare_redis.url))[1]
+    st = build(load_settings(redis={"url": bare_redis.url}))[1]
     wait_cycles(st, 2)
     record = slurm.job(job)
     assert record["Priority"] != "0", record
@@ -456,8 +456,12 @@ def test_slurmctld_stopped_for_30_seconds_forgets_and_revokes_nothing(
     Job credentials need database 0: a Redis of the test's own."""
     faults.arm("no-such-command", "after", "true")
     url = private_redis.url
-    services.env = {**services.env, "STRAGGLER_JOB_CREDENTIALS": "true", "STRAGGLER_REDIS_URL": url}
-    state = build(load_settings(redis_url=url))[1]
+    services.env = {
+        **services.env,
+        "STRAGGLER_TELEMETRY_JOB_CREDENTIALS": "true",
+        "STRAGGLER_REDIS_URL": url,
+    }
+    state = build(load_settings(redis={"url": url}))[1]
     service = services.start()
     job = _submit(slurm, job_dir, "observe")  # observe: detection happens, nothing acts
     slurm.wait_job(job, "RUNNING")
@@ -469,7 +473,7 @@ def test_slurmctld_stopped_for_30_seconds_forgets_and_revokes_nothing(
     stop_slurmctld(cluster)
     cli = subprocess.run(
         [sys.executable, "-m", "slurm_plugin.cli.main", "jobs"],
-        env={**services.env, "STRAGGLER_COMMAND_TIMEOUT_S": "10"},
+        env={**services.env, "STRAGGLER_SLURM_COMMAND_TIMEOUT_S": "10"},
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -227,7 +227,7 @@ def test_a_credential_is_never_handed_to_another_user(private_redis: RedisServer
 def test_a_registration_never_lends_an_old_jobs_options(private_redis: RedisServer) -> None:
     """Repro: a new job inherited the old job's --straggler-* overrides from a registration
     that outlived it (the prolog merged into it)."""
-    settings = Settings(redis_url=private_redis.url)
+    settings = Settings(redis={"url": private_redis.url})
     old = {"SLURM_JOB_ID": "9", "SPANK_STRAGGLER_MAX_REQUEUES": "0", "SLURM_JOB_USER": "alice"}
     _redis_prolog(settings, old, HookResult(node="node1", job_id="9"))
     admin = redis.Redis.from_url(private_redis.url, decode_responses=True)

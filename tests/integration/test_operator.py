@@ -153,7 +153,7 @@ def test_the_service_as_its_own_account_drains_resumes_and_evicts_with_admin(
     service_env = {
         **env,
         **RAILS,
-        "STRAGGLER_POLICY_DIR": str(copy_policies(shared_dir / "policies")),
+        "STRAGGLER_SERVICE_POLICY_DIR": str(copy_policies(shared_dir / "policies")),
     }
 
     def drains(final: str) -> list[dict[str, str]]:

@@ -125,7 +125,7 @@ def test_every_dashboard_query_answers_during_an_eviction(
     metrics_port = free_port()
     request.node.stash[SERVICE_LOG] = tmp_path / "service.log"
     proc, log = start_service(
-        {**env, "STRAGGLER_METRICS_PORT": str(metrics_port)}, tmp_path / "service.log"
+        {**env, "STRAGGLER_SERVICE_METRICS_PORT": str(metrics_port)}, tmp_path / "service.log"
     )
     try:
         url = prometheus(metrics_port)

@@ -84,7 +84,7 @@ def test_round_trip_through_redis_cluster(
             rep.event("checkpoint_end", step=49)
         assert rep.published == 50
 
-    store = TelemetryStore(connect(settings.redis_url, cluster=True))
+    store = TelemetryStore(connect(settings.redis.url, cluster=True))
     assert isinstance(store.client, RedisCluster)
     slots = set()
     for job in jobs:
@@ -110,7 +110,7 @@ def test_job_credentials_on_every_cluster_node(
         assert user is not None, port
     job_url = credentials.job_url(redis_cluster, "4242", password)
     path = credentials.credential_path("4242", tmp_path)
-    values: dict[str, str | bool | float] = {"redis_url": job_url, "redis_cluster": True}
+    values = {"redis": {"url": job_url, "cluster": True}}
     credentials.write_file(path, credentials.render("4242", values), os.getuid(), os.getgid())
     monkeypatch.setenv(credentials.DIR_ENV, str(tmp_path))
     monkeypatch.setenv("SLURM_JOB_ID", "4242")

@@ -22,7 +22,7 @@ BACKENDS: dict[str, Callable[[Settings], Scheduler]] = {"scontrol": ScontrolSche
 @pytest.fixture(params=sorted(BACKENDS))
 def scheduler(request: pytest.FixtureRequest, cluster: DevCluster) -> Scheduler:
     """A backend pointed at the dev cluster."""
-    settings = Settings(slurm_conf=cluster.slurm_conf, command_timeout_s=15)
+    settings = Settings(slurm={"conf": cluster.slurm_conf, "command_timeout_s": 15})
     return BACKENDS[request.param](settings)
 
 

@@ -146,12 +146,9 @@ def _wire_hooks(cluster: DevCluster, base: Path, server: SecureRedis) -> Path:
     base.chmod(0o755)
     config = base / "admin.toml"
     config.write_text(
-        f'redis_url = "{server.url}"\n'
-        f'redis_tls_ca_file = "{server.cert}"\n'
-        "job_credentials = true\n"
-        f'job_credentials_dir = "{base / "jobs"}"\n'
-        'health_gpu = "off"\n'
-        f'health_state_dir = "{base / "state"}"\n'
+        f'[redis]\nurl = "{server.url}"\ntls_ca_file = "{server.cert}"\n'
+        f'[telemetry]\njob_credentials = true\njob_credentials_dir = "{base / "jobs"}"\n'
+        f'[health]\ngpu = "off"\nstate_dir = "{base / "state"}"\n'
     )
     config.chmod(0o600)
     for hook in ("prolog", "epilog"):
@@ -192,7 +189,7 @@ def test_world_readable_admin_settings_are_refused(hooks: Path) -> None:
 
 JOB_SCRIPT = """#!/bin/sh
 cred="{jobs}/$SLURM_JOB_ID.toml"
-url=$(sed -n 's/^redis_url = "\\(.*\\)"$/\\1/p' "$cred")
+url=$(sed -n 's/^url = "\\(.*\\)"$/\\1/p' "$cred")
 r() {{ redis-cli --tls --cacert {ca} -u "$url" --no-auth-warning "$@" 2>&1 | head -c 200; }}
 j="$SLURM_JOB_ID"
 echo "whoami=$(id -un)"
@@ -387,7 +384,7 @@ def test_service_revokes_credentials_of_vanished_jobs(
     assert isinstance(admin, redis.Redis)
     credentials.issue(admin, job)
     credentials.issue(admin, "999999")
-    settings = load_settings(job_credentials=True, redis_url=private_redis.url)
+    settings = load_settings(telemetry={"job_credentials": True}, redis={"url": private_redis.url})
     try:
         report = Service(settings, *build(settings)).cycle()
         assert report.error is None, report.error

@@ -30,8 +30,8 @@ def _serve(env: dict[str, str], *args: str, **overrides: str) -> subprocess.Comp
 @pytest.mark.parametrize(
     ("override", "says"),
     [
-        ({"STRAGGLER_POLICY_DIR": "/nonexistent/policies"}, "/nonexistent/policies"),
-        ({"STRAGGLER_SLURM_BIN_DIR": "/nonexistent/bin"}, "slurm_bin_dir"),
+        ({"STRAGGLER_SERVICE_POLICY_DIR": "/nonexistent/policies"}, "/nonexistent/policies"),
+        ({"STRAGGLER_SLURM_BIN_DIR": "/nonexistent/bin"}, "[slurm] bin_dir"),
     ],
     ids=["no-policy-dir", "no-slurm-commands"],
 )

@@ -289,8 +289,8 @@ def test_restarted_service_releases_a_job_held_mid_eviction(
 # than this test), and a 4-node lab partition may lose half of its nodes (the default 5 %
 # would refuse, as the service log says).
 RAILS = {
-    "STRAGGLER_DEFAULT_POLICY": "evict-aggressive",
-    "STRAGGLER_DRAIN_PERSISTENT": "true",
+    "STRAGGLER_SERVICE_DEFAULT_POLICY": "evict-aggressive",
+    "STRAGGLER_SERVICE_DRAIN_PERSISTENT": "true",
     "STRAGGLER_SAFETY": '{"max_partition_drained_fraction": 0.5}',
     "STRAGGLER_PERSISTENCE": '{"incidents": 2, "sustained_s": 0}',
 }

@@ -33,19 +33,21 @@ def test_version(runner: CliRunner) -> None:
 def test_config_show_json_reports_file_and_values(runner: CliRunner, tmp_path: Path) -> None:
     """`config show --json` prints the effective values and which file they came from."""
     path = tmp_path / "c.toml"
-    path.write_text('redis_url = "redis://cfg:7/1"\n')
+    path.write_text('[redis]\nurl = "redis://cfg:7/1"\n')
     result = runner.invoke(cli, ["--config", str(path), "config", "show", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["config_file"] == str(path)
-    assert data["settings"]["redis_url"] == "redis://cfg:7/1"
+    assert data["settings"]["redis"]["url"] == "redis://cfg:7/1"
 
 
 def test_config_show_table(runner: CliRunner) -> None:
     """The human form lists every setting with its description."""
     result = runner.invoke(cli, ["config", "show"])
     assert result.exit_code == 0
-    assert "redis_url" in result.output
+    assert "redis.url" in result.output
+    assert "health.budget_s" in result.output
+    assert "safety.max_evictions_per_hour" in result.output
     assert "Timeout for any one Slurm command" in result.output
 
 

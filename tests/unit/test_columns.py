@@ -3,6 +3,7 @@ and yields the same values."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from unittest import mock
 
@@ -17,6 +18,14 @@ from slurm_plugin.model.batch import RecordBatch
 from slurm_plugin.model.columns import decode_entries, decode_many
 from slurm_plugin.model.records import StepRecord, decode_header, decode_steps, encode_steps
 from slurm_plugin.model.relayed import encode_relayed
+
+# Per property and parser; the same STRAGGLER_FUZZ_EXAMPLES as test_fuzz for a longer hunt
+# (the unit tier stays under a minute on 2 cores).
+PROPERTY = settings(
+    max_examples=int(os.environ.get("STRAGGLER_FUZZ_EXAMPLES", "100")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 _VALUE = st.one_of(
     st.none(), st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False)
@@ -102,11 +111,7 @@ def parser(request: pytest.FixtureRequest) -> Iterator[str]:
         yield request.param
 
 
-@settings(
-    max_examples=300,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+@PROPERTY
 @given(st.lists(_flush(), min_size=0, max_size=12))
 def test_columns_agree_with_the_record_decoder(parser: str, flushes: list[dict[str, str]]) -> None:
     records: list[StepRecord] = []
@@ -121,11 +126,7 @@ def test_columns_agree_with_the_record_decoder(parser: str, flushes: list[dict[s
     _assert_same(decoded.batch, records)
 
 
-@settings(
-    max_examples=200,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+@PROPERTY
 @given(st.lists(st.lists(_flush(), min_size=0, max_size=5), min_size=0, max_size=5), st.data())
 def test_many_jobs_decoded_at_once_read_as_each_alone(
     parser: str, jobs: list[list[dict[str, str]]], data: st.DataObject
@@ -158,11 +159,7 @@ def _assert_same(got: RecordBatch, records: list[StepRecord]) -> None:
     ]
 
 
-@settings(
-    max_examples=200,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+@PROPERTY
 @given(st.lists(_GOOD, min_size=0, max_size=10), st.lists(_GOOD, min_size=0, max_size=4))
 def test_a_relayed_entry_reads_as_its_flushes_on_the_relays_node(
     parser: str, packed: list[dict[str, str]], plain: list[dict[str, str]]

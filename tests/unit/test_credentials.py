@@ -53,15 +53,14 @@ def test_credential_file_is_private_and_a_settings_file(tmp_path: Path) -> None:
     """0600, owned by the job's user, in a 0711 directory; parses as settings TOML."""
     uid, gid = (65534, 65534) if os.geteuid() == 0 else (os.getuid(), os.getgid())
     path = credentials.credential_path("9", tmp_path / "jobs")
-    text = credentials.render("9", {"redis_url": 'redis://u:p"q@h:1/0', "redis_cluster": False})
+    text = credentials.render("9", {"redis": {"url": 'redis://u:p"q@h:1/0', "cluster": False}})
     credentials.write_file(path, text, uid, gid)
     info = path.stat()
     assert stat.S_IMODE(info.st_mode) == 0o600
     assert (info.st_uid, info.st_gid) == (uid, gid)
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o711
     assert tomllib.loads(path.read_text()) == {
-        "redis_url": 'redis://u:p"q@h:1/0',
-        "redis_cluster": False,
+        "redis": {"url": 'redis://u:p"q@h:1/0', "cluster": False}
     }
     assert [p.name for p in path.parent.iterdir()] == ["9.toml"]
     assert credentials.remove_file(path) is True

@@ -340,7 +340,9 @@ def test_the_rails_are_settings() -> None:
     """[safety], [persistence] and drain_persistent are read from the settings (TOML tables,
     JSON in the environment), validated like any setting."""
     settings = Settings(
-        safety={"max_evictions_per_hour": 3}, persistence={"incidents": 4}, drain_persistent=True
+        safety={"max_evictions_per_hour": 3},
+        persistence={"incidents": 4},
+        service={"drain_persistent": True},
     )
     rails = settings.rails
     assert rails.safety.max_evictions_per_hour == 3

@@ -8,15 +8,17 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from slurm_plugin.config import Settings
+from slurm_plugin.devcluster.fake_prolog import fake_nvml, write_bin
+from slurm_plugin.devcluster.settings import FAKE_NVML_ENV
 from slurm_plugin.health.checks import GpuThresholds, check_fabric, check_gpus, verdict
 from slurm_plugin.health.fabric import count_hcas, read_ports
 from slurm_plugin.health.hook import probe_gpus, run_epilog, run_prolog
@@ -109,22 +111,28 @@ def test_fabric_ports_rates_counters_and_garbage(tmp_path: Path) -> None:
     assert "link_downed: not a number" in messages
 
 
-def _settings(tmp_path: Path, spec: dict[str, object], **extra: object) -> Settings:
+def _gpus(tmp_path: Path) -> Any:
+    """The fake GPUs of ``_settings``' spec, as the dev cluster's prolog passes them."""
+    return fake_nvml(tmp_path / "gpus.json")
+
+
+def _settings(tmp_path: Path, spec: dict[str, object]) -> Settings:
     (tmp_path / "gpus.json").write_text(json.dumps(spec))
     build_ib_tree(tmp_path / "root", 8)
     settings = Settings(
-        devcluster_fake_nvml=tmp_path / "gpus.json",
-        health_sysfs_root=tmp_path / "root",
-        health_state_dir=tmp_path / "state",
-        health_expected_gpus=8,
-        health_expected_hcas=8,
-        health_expected_ib_rate_gbps=400,
-        redis_url="redis://127.0.0.1:1/0",
-        health_kmsg_path=tmp_path / "kmsg",
+        health={
+            "sysfs_root": tmp_path / "root",
+            "state_dir": tmp_path / "state",
+            "expected_gpus": 8,
+            "expected_hcas": 8,
+            "expected_ib_rate_gbps": 400,
+            "kmsg_path": tmp_path / "kmsg",
+        },
+        redis={"url": "redis://127.0.0.1:1/0"},
     )
     if not (tmp_path / "kmsg").exists():
         (tmp_path / "kmsg").write_text("")
-    return settings.model_copy(update=extra)
+    return settings
 
 
 def test_prolog_exit_codes_and_fail_open(tmp_path: Path) -> None:
@@ -133,10 +141,14 @@ def test_prolog_exit_codes_and_fail_open(tmp_path: Path) -> None:
         tmp_path,
         {"default": {"gpus": 8}, "nodes": {"node3": {"faults": {"5": {"remap_failed": True}}}}},
     )
-    healthy = run_prolog({"SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "9"}, settings)
+    healthy = run_prolog(
+        {"SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "9"}, settings, _gpus(tmp_path)
+    )
     assert healthy.exit_code == 0
     assert any("Redis unavailable" in p for p in healthy.problems)
-    faulty = run_prolog({"SLURMD_NODENAME": "node3", "SLURM_JOB_ID": "9"}, settings)
+    faulty = run_prolog(
+        {"SLURMD_NODENAME": "node3", "SLURM_JOB_ID": "9"}, settings, _gpus(tmp_path)
+    )
     assert faulty.exit_code == 1
     assert faulty.summary() == "row_remap: gpu5: row remapping failed"
     assert (tmp_path / "state" / "fabric.json").exists()
@@ -145,9 +157,11 @@ def test_prolog_exit_codes_and_fail_open(tmp_path: Path) -> None:
 def test_missing_pynvml_passes_and_broken_driver_drains(tmp_path: Path) -> None:
     """NVML init failing with GPUs expected drains; without expected GPUs it only warns."""
     settings = _settings(tmp_path, {"default": {"fail_init": True}})
-    assert run_prolog({"SLURMD_NODENAME": "node1"}, settings).exit_code == 1
-    relaxed = settings.model_copy(update={"health_expected_gpus": None})
-    result = run_prolog({"SLURMD_NODENAME": "node1"}, relaxed)
+    assert run_prolog({"SLURMD_NODENAME": "node1"}, settings, _gpus(tmp_path)).exit_code == 1
+    relaxed = settings.model_copy(
+        update={"health": settings.health.model_copy(update={"expected_gpus": None})}
+    )
+    result = run_prolog({"SLURMD_NODENAME": "node1"}, relaxed, _gpus(tmp_path))
     assert result.exit_code == 0
     assert any("NVML unavailable" in p for p in result.problems)
 
@@ -156,11 +170,13 @@ def test_epilog_drains_on_new_ecc_errors_only(tmp_path: Path) -> None:
     """The epilog compares ECC counts with the prolog's; clock findings are not its business."""
     spec: dict[str, object] = {"default": {"gpus": 8, "faults": {"1": {"sm_clock_max_mhz": 1}}}}
     settings = _settings(tmp_path, spec)
-    run_prolog({"SLURMD_NODENAME": "node1"}, settings)
-    assert run_epilog({"SLURMD_NODENAME": "node1"}, settings).exit_code == 0
+    run_prolog({"SLURMD_NODENAME": "node1"}, settings, _gpus(tmp_path))
+    assert run_epilog({"SLURMD_NODENAME": "node1"}, settings, _gpus(tmp_path)).exit_code == 0
     spec["default"] = {"gpus": 8, "faults": {"1": {"ecc_uncorrected_volatile": 4}}}
     settings = _settings(tmp_path, spec)
-    result = run_epilog({"SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "3"}, settings)
+    result = run_epilog(
+        {"SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "3"}, settings, _gpus(tmp_path)
+    )
     assert result.exit_code == 1
     assert result.summary() == "ecc: gpu1: +4 uncorrectable ECC errors during the job"
 
@@ -179,17 +195,21 @@ def test_kernel_log_xids_are_seen_once_and_mapped_by_pci(tmp_path: Path) -> None
     them again."""
     settings = _settings(tmp_path, {"default": {"gpus": 8}})
     (tmp_path / "kmsg").write_text("\n".join(KMSG) + "\n")
-    first = run_prolog({"SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "9"}, settings)
+    first = run_prolog({"SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "9"}, settings, _gpus(tmp_path))
     assert first.exit_code == 1
     assert [(f.check, f.severity, f.device, f.message) for f in first.findings] == [
         ("xid", "warn", "", "XID 13 on PCI 0000:7f:00"),
         ("xid", "drain", "gpu1", "critical XID [79]"),
     ]
-    again = run_prolog({"SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "10"}, settings)
+    again = run_prolog(
+        {"SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "10"}, settings, _gpus(tmp_path)
+    )
     assert again.exit_code == 0
     with (tmp_path / "kmsg").open("a") as log:
         log.write("4,103,4000,-;NVRM: Xid (PCI:0000:1a:00): 48, pid=7, DBE\n")
-    after = run_epilog({"SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "10"}, settings)
+    after = run_epilog(
+        {"SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "10"}, settings, _gpus(tmp_path)
+    )
     assert after.summary() == "xid: gpu2: critical XID [48]"
 
 
@@ -246,18 +266,18 @@ def test_a_passing_prologs_warnings_reach_syslog(
     _settings(tmp_path, {"default": {"gpus": 8}})
     (tmp_path / "kmsg").write_text(KMSG[-1] + "\n")
     (tmp_path / "config.toml").write_text(
-        'redis_url = "redis://127.0.0.1:1/0"\n'
-        f'devcluster_fake_nvml = "{tmp_path / "gpus.json"}"\n'
-        f'health_sysfs_root = "{tmp_path / "root"}"\n'
-        f'health_state_dir = "{tmp_path / "state"}"\n'
-        f'health_kmsg_path = "{tmp_path / "kmsg"}"\n'
-        f'health_syslog_socket = "{path}"\n'
-        "health_expected_gpus = 8\nhealth_expected_hcas = 8\nhealth_expected_ib_rate_gbps = 400\n"
+        '[redis]\nurl = "redis://127.0.0.1:1/0"\n[health]\n'
+        f'sysfs_root = "{tmp_path / "root"}"\n'
+        f'state_dir = "{tmp_path / "state"}"\n'
+        f'kmsg_path = "{tmp_path / "kmsg"}"\n'
+        f'syslog_socket = "{path}"\n'
+        "expected_gpus = 8\nexpected_hcas = 8\nexpected_ib_rate_gbps = 400\n"
     )
     env = {
         "PATH": os.environ["PATH"],
         "STRAGGLER_CONFIG": str(tmp_path / "config.toml"),
-        "STRAGGLER_PROLOG_BIN": str(Path(sys.executable).parent / "straggler-prolog"),
+        "STRAGGLER_PROLOG_BIN": str(write_bin(tmp_path / "prolog-bin")),
+        FAKE_NVML_ENV: str(tmp_path / "gpus.json"),
         "STRAGGLER_HEALTH_SYSLOG_SOCKET": str(path),
         "SLURMD_NODENAME": "node1",
         "SLURM_JOB_ID": "77",

@@ -71,9 +71,9 @@ def test_url_helpers_agree_on_the_sentinel_form() -> None:
     assert "sp" not in redact_url("redis+sentinel://h/stg?sentinel_password=sp")
     # The deployment is the master's name and database, not where the master is right now.
     assert endpoint(URL) == "sentinel:stg/0"
-    moved = Settings(redis_url="redis+sentinel://10.9.9.9:1,10.9.9.8:2/stg/0")
-    assert Settings(redis_url=URL).deployment == moved.deployment
-    assert Settings(redis_url="redis+sentinel://h/other/0").deployment != moved.deployment
+    moved = Settings(redis={"url": "redis+sentinel://10.9.9.9:1,10.9.9.8:2/stg/0"})
+    assert Settings(redis={"url": URL}).deployment == moved.deployment
+    assert Settings(redis={"url": "redis+sentinel://h/other/0"}).deployment != moved.deployment
 
 
 def test_a_jobs_credentials_go_in_the_masters_userinfo() -> None:
@@ -88,8 +88,10 @@ def test_a_jobs_credentials_go_in_the_masters_userinfo() -> None:
 
 def test_job_credentials_need_database_zero_behind_sentinel_too() -> None:
     with pytest.raises(ValueError, match="database 0"):
-        Settings(redis_url="redis+sentinel://h/stg/2", job_credentials=True)
-    assert Settings(redis_url="redis+sentinel://h/stg/0", job_credentials=True).job_credentials
+        Settings(redis={"url": "redis+sentinel://h/stg/2"}, telemetry={"job_credentials": True})
+    assert Settings(
+        redis={"url": "redis+sentinel://h/stg/0"}, telemetry={"job_credentials": True}
+    ).telemetry.job_credentials
 
 
 def test_connect_refuses_what_cannot_work() -> None:

@@ -35,8 +35,8 @@ def _unreachable() -> TelemetryStore:
         ({"SLURM_JOB_ID": "5;FLUSHALL"}, "invalid job id"),
         ({"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "bad node"}, "invalid node name"),
         ({"SLURM_JOB_ID": "5", "STRAGGLER_REDIS_URL": "http://x"}, "bad Redis URL"),
-        ({"SLURM_JOB_ID": "5", "STRAGGLER_TELEMETRY_ENABLED": "false"}, "telemetry_enabled"),
-        ({"SLURM_JOB_ID": "5", "STRAGGLER_REDIS_TIMEOUT_S": "-3"}, "redis_timeout_s"),
+        ({"SLURM_JOB_ID": "5", "STRAGGLER_TELEMETRY_ENABLED": "false"}, "[telemetry] enabled"),
+        ({"SLURM_JOB_ID": "5", "STRAGGLER_REDIS_TIMEOUT_S": "-3"}, "redis.timeout_s"),
     ],
 )
 def test_bad_environment_gives_a_silent_reporter_and_one_log_line(

@@ -89,8 +89,8 @@ def test_settings_derive_a_deployment_from_the_redis_endpoint() -> None:
     the password never enters the name; an explicit deployment_id wins."""
     from slurm_plugin.config import Settings  # noqa: PLC0415
 
-    one = Settings(redis_url="redis://:secret@10.0.0.5:6379/0").deployment
-    assert one == Settings(redis_url="redis://:other@10.0.0.5:6379/0").deployment
-    assert one != Settings(redis_url="redis://10.0.0.5:6379/1").deployment
+    one = Settings(redis={"url": "redis://:secret@10.0.0.5:6379/0"}).deployment
+    assert one == Settings(redis={"url": "redis://:other@10.0.0.5:6379/0"}).deployment
+    assert one != Settings(redis={"url": "redis://10.0.0.5:6379/1"}).deployment
     assert marks.DEPLOYMENT.match(one)
     assert Settings(deployment_id="prod-a").deployment == "prod-a"
