@@ -6,6 +6,11 @@ The fake NVML lives beside the real probe (:mod:`slurm_plugin.probes.fake_nvml`)
 ``RecordingReporter`` stands in for a :class:`~slurm_plugin.telemetry.reporter.StepReporter`
 where an instrumentation is tested without Redis: it keeps what the timers report.
 
+``FakeStore`` is a :class:`~slurm_plugin.telemetry.store.TelemetryStore` that keeps what a
+reporter publishes in memory, with failures injectable (Redis away; Redis that stored a
+flush and then went away before answering): the reporter's flush, retry and bounds in the
+unit tier.
+
 ``FakeScheduler`` is the :class:`~slurm_plugin.slurm.scheduler.Scheduler` seam for unit tests of
 the control loop: scripted jobs and nodes, every call recorded, failures injectable; with
 ``FakeClock`` the rails can be tested rail by rail without a cluster.
@@ -13,14 +18,17 @@ the control loop: scripted jobs and nodes, every call recorded, failures injecta
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from slurm_plugin.errors import JobNotFoundError
+from slurm_plugin.errors import JobNotFoundError, RedisUnavailableError, TelemetryError
 from slurm_plugin.health.fabric import COUNTERS
 from slurm_plugin.model.cluster import REQUEUE_HELD, JobInfo, NodeInfo
+from slurm_plugin.model.records import encode_json_entry
+from slurm_plugin.telemetry.store import TelemetryStore
 
 
 def build_ib_tree(
@@ -205,4 +213,64 @@ class FakeScheduler:
         self.node_table[node] = replace(info, flags=(), state="idle")
 
 
-__all__ = ["FakeClock", "FakeScheduler", "RecordingReporter", "build_ib_tree"]
+class _Connection:
+    """What a reporter closes when it is done with its store."""
+
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeStore(TelemetryStore):
+    """A telemetry store in memory: ``steps`` and ``events`` as a reporter published them.
+
+    ``fail_next`` publishes fail before anything is stored (Redis away); ``lose_answer`` are
+    stored and then fail (Redis stored the flush, the client gave up before the answer).
+    ``stored`` is set after each publish that stored something, for tests to wait on."""
+
+    def __init__(self) -> None:
+        self.connection = _Connection()
+        super().__init__(self.connection)  # type: ignore[arg-type]
+        self.steps: list[dict[str, str]] = []
+        self.events: list[dict[str, Any]] = []
+        self.calls = 0
+        self.fail_next = 0
+        self.lose_answer = 0
+        self.stored = threading.Event()
+        self._lock = threading.Lock()
+
+    def publish(
+        self,
+        job_id: str,
+        steps: Sequence[Mapping[str, str]] = (),
+        events: Sequence[Mapping[str, Any]] = (),
+        gpu_samples: Sequence[Mapping[str, Any]] = (),
+        *,
+        refresh_ttl: bool = False,
+        steps_maxlen: int | None = None,
+    ) -> int:
+        """Keep the steps and the events that encode (as the real store does); refused
+        events are counted, never kept."""
+        with self._lock:
+            self.calls += 1
+            if self.fail_next:
+                self.fail_next -= 1
+                raise RedisUnavailableError(f"publish for job {job_id} failed: fake Redis away")
+            refused = 0
+            for event in events:
+                try:
+                    encode_json_entry(event)
+                except TelemetryError:
+                    refused += 1
+                else:
+                    self.events.append(dict(event))
+            self.steps.extend(dict(fields) for fields in steps)
+            self.stored.set()
+            if self.lose_answer:
+                self.lose_answer -= 1
+                raise RedisUnavailableError(f"publish for job {job_id}: no answer (stored)")
+            return refused
+
+
+__all__ = ["FakeClock", "FakeScheduler", "FakeStore", "RecordingReporter", "build_ib_tree"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import structlog
 
-from slurm_plugin.telemetry.relay import RelayClient, RelayRefusedError
+from slurm_plugin.telemetry.relay_client import RelayClient, RelayRefusedError
 from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)

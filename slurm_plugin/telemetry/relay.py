@@ -16,14 +16,16 @@ flush is the relay's own. A reporter that cannot reach a relay publishes to Redi
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import secrets
 import socket
+import socketserver
 import struct
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,6 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 MAX_CONNECTIONS = 512
 #: How long a flush waits for the tick that stores it; a reporter waits longer for the answer.
 ANSWER_WAIT_S = 10.0
-CLIENT_TIMEOUT_S = 15.0
 _STORED_KEEP_S = 600.0
 _CGROUP_JOB = re.compile(r"/job_([0-9]+)(?:/|$)")
 
@@ -152,7 +153,7 @@ class Relay:
         self._queue: list[_Flush] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._server: socket.socket | None = None
+        self._server: _Server | None = None
         self._threads: list[threading.Thread] = []
         self._conns: set[socket.socket] = set()
         # Per (rank, reporter session): the newest flush stored. A reporter that did not hear
@@ -176,13 +177,10 @@ class Relay:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        server.bind(str(self.socket_path))
+        self._server = _Server(self)
         self.socket_path.chmod(0o666)
-        server.listen(1024)
-        server.settimeout(0.5)
-        self._server = server
-        for target, name in ((self._accept, "accept"), (self._publish_loop, "publish")):
+        accept = functools.partial(self._server.serve_forever, poll_interval=0.5)
+        for target, name in ((accept, "accept"), (self._publish_loop, "publish")):
             thread = threading.Thread(target=target, name=f"straggler-relay-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -193,10 +191,12 @@ class Relay:
         send them again, to Redis itself if no relay answers). Closes the store's
         connection: the relay owns it."""
         self._stop.set()
+        if self._server is not None:
+            self._server.shutdown()  # the accept loop returns; no connection is taken after
         for thread in self._threads:
             thread.join(5.0)
         if self._server is not None:
-            self._server.close()
+            self._server.server_close()
         with self._lock:
             conns, self._conns = list(self._conns), set()
         for conn in conns:  # a reporter waiting on us hears it now, not after its timeout
@@ -224,30 +224,18 @@ class Relay:
             self.close()
 
     # -- connections -------------------------------------------------------------------------
-    def _accept(self) -> None:
-        assert self._server is not None  # noqa: S101 - start() sets it before this thread runs
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            if len(self._conns) >= MAX_CONNECTIONS:  # a thread each: bounded; it falls back
-                self.refused += 1
-                log.warning("relay.too_many_connections", node=self.node, limit=MAX_CONNECTIONS)
-                conn.close()
-                continue
-            threading.Thread(
-                target=self._serve, args=(conn,), name="straggler-relay-conn", daemon=True
-            ).start()
+    @property
+    def connections(self) -> int:
+        """Reporters connected now."""
+        with self._lock:
+            return len(self._conns)
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, reader: Any) -> None:
+        """One reporter's connection, in its own thread (``_Server``)."""
         with self._lock:
             self._conns.add(conn)
         try:
-            with conn, conn.makefile("rb") as reader:
-                self._converse(conn, reader)
+            self._converse(conn, reader)
         finally:
             with self._lock:
                 self._conns.discard(conn)
@@ -392,6 +380,44 @@ class Relay:
             flush.done.set()
 
 
+class _Handler(socketserver.StreamRequestHandler):
+    """Hands one accepted connection to its relay."""
+
+    server: _Server
+
+    def handle(self) -> None:
+        self.server.relay._serve(self.request, self.rfile)
+
+
+class _Server(socketserver.ThreadingUnixStreamServer):
+    """The standard library's threaded Unix-socket server, with a bound on the connections
+    served at once: a connection over it is closed (its reporter publishes to Redis itself).
+    The slot is taken in the accepting thread before the connection's thread starts, so a
+    burst of connections can never exceed the bound."""
+
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 1024
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(str(relay.socket_path), _Handler)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        if self._slots.acquire(blocking=False):
+            return True
+        self.relay.refused += 1
+        log.warning("relay.too_many_connections", node=self.relay.node, limit=MAX_CONNECTIONS)
+        return False
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 def _reply(flush: _Flush) -> dict[str, Any]:
     """The answer to a flush the publisher is done with."""
     if flush.refused:
@@ -399,92 +425,3 @@ def _reply(flush: _Flush) -> dict[str, Any]:
     if flush.error is not None:
         return {"ok": False, "error": flush.error}
     return {"ok": True, "invalid_events": flush.invalid_events}
-
-
-class RelayRefusedError(TelemetryError):
-    """The relay will not publish for this process (another job's flush, a bad message)."""
-
-
-class RelayClient:
-    """A reporter's way to its node's relay: :meth:`publish` as :class:`TelemetryStore`'s,
-    answered once the relay has stored the flush. Any trouble raises
-    :class:`RedisUnavailableError` (the reporter keeps the flush and tries again)."""
-
-    relayed = True
-
-    def __init__(self, socket_path: Path, timeout_s: float = CLIENT_TIMEOUT_S) -> None:
-        self.socket_path = socket_path
-        self.timeout_s = timeout_s
-        self._conn: socket.socket | None = None
-        self._reader: Any = None
-
-    @classmethod
-    def connect(cls, socket_path: Path, timeout_s: float = CLIENT_TIMEOUT_S) -> RelayClient:
-        """A client connected to the relay now; :class:`OSError` when none listens."""
-        client = cls(socket_path, timeout_s)
-        client._open()
-        return client
-
-    def _open(self) -> None:
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.settimeout(self.timeout_s)
-        try:
-            conn.connect(str(self.socket_path))
-        except OSError:
-            conn.close()
-            raise
-        self._conn, self._reader = conn, conn.makefile("rb")
-
-    def publish(
-        self,
-        job_id: str,
-        steps: Sequence[Mapping[str, str]] = (),
-        events: Sequence[Mapping[str, Any]] = (),
-        *,
-        refresh_ttl: bool = False,
-        steps_maxlen: int | None = None,
-    ) -> int:
-        """Send one flush and wait for the relay's answer; the events it refused (they are
-        gone: sending them again would be refused again)."""
-        message = {
-            "job_id": job_id,
-            "steps": list(steps),
-            "events": list(events),
-            "refresh_ttl": refresh_ttl,
-            "steps_maxlen": steps_maxlen,
-        }
-        started = time.monotonic()
-        try:
-            if self._conn is None:
-                self._open()
-            assert self._conn is not None  # noqa: S101 - _open sets it or raises
-            self._conn.sendall(json.dumps(message, default=str, allow_nan=False).encode() + b"\n")
-            line = self._reader.readline(65536)
-        except OSError as exc:
-            self.close()
-            raise RedisUnavailableError(f"relay {self.socket_path}: {exc}") from exc
-        if not line:
-            self.close()
-            raise RedisUnavailableError(f"relay {self.socket_path} closed the connection")
-        try:
-            reply = json.loads(line)
-        except ValueError:
-            reply = {"ok": False, "error": "unreadable reply"}
-        if reply.get("refused"):
-            raise RelayRefusedError(f"relay {self.socket_path} refused: {reply.get('error', '?')}")
-        if not reply.get("ok"):
-            raise RedisUnavailableError(
-                f"relay {self.socket_path} did not store the flush "
-                f"({reply.get('error', '?')}, after {time.monotonic() - started:.1f} s)"
-            )
-        refused = reply.get("invalid_events", 0)
-        return refused if isinstance(refused, int) and refused >= 0 else 0
-
-    def close(self) -> None:
-        if self._reader is not None:
-            with contextlib.suppress(OSError):
-                self._reader.close()
-        if self._conn is not None:
-            with contextlib.suppress(OSError):
-                self._conn.close()
-        self._conn = self._reader = None

@@ -21,6 +21,7 @@ from slurm_plugin.config import Settings
 from slurm_plugin.errors import SlurmError
 from slurm_plugin.health.checks import verdict
 from slurm_plugin.health.hook import HookResult, _redis_prolog
+from slurm_plugin.model import keys
 from slurm_plugin.model.cluster import REQUEUE_HELD, JobInfo, NodeInfo
 from slurm_plugin.model.records import encode_steps
 from slurm_plugin.policy.history import Incident, NodeHistory
@@ -199,6 +200,8 @@ class StallingScheduler(FakeScheduler):
         self.job_table, self.node_table = shared.job_table, shared.node_table
         self.stall_s = stall_s
         self.stamps: list[tuple[float, str]] = []
+        #: Set when a requeuehold starts to stall: the instance is stuck in Slurm now.
+        self.stalling = threading.Event()
 
     def _call(self, name: str, *args: str) -> None:
         super()._call(name, *args)
@@ -207,7 +210,9 @@ class StallingScheduler(FakeScheduler):
 
     def requeue_hold(self, job_id: str) -> None:
         super().requeue_hold(job_id)
-        time.sleep(self.stall_s)
+        if self.stall_s:
+            self.stalling.set()
+            time.sleep(self.stall_s)
 
 
 def test_two_instances_never_both_act(make_loop: Callable[..., Loop], tmp_path: Path) -> None:
@@ -226,16 +231,23 @@ def test_two_instances_never_both_act(make_loop: Callable[..., Loop], tmp_path: 
         publish(a, shared.job_table["5"], range(cycle * 10, cycle * 10 + 10), {"node3": 2.0})
         worker = threading.Thread(target=lambda: reports.append(a.service.cycle()))
         worker.start()
-        worker.join(timeout=0.5)
-        if worker.is_alive():  # A is stuck in its requeuehold: B runs its cycles meanwhile
+        while worker.is_alive() and not slow_a.stalling.wait(0.05):
+            pass
+        if slow_a.stalling.is_set():  # A is stuck in its requeuehold: B runs its cycles meanwhile
             break
         clock.advance(1)
     else:
         pytest.fail("A never started an eviction")
-    time.sleep(ttl * 1.2)
-    for _ in range(6):
+    # A's lock lapses while it is stuck (its lifetime is real time); then B leads and
+    # finishes the eviction, cycle after cycle, before A is back.
+    wait_for(lambda: not a.state.client.exists(keys.LEADER), 10, "A's lock to lapse")
+
+    def b_finished() -> bool:
         b.service.cycle()
-        time.sleep(0.2)
+        return [name for _, name in b_slurm.stamps] == ["set_excluded", "release", "annotate"]
+
+    wait_for(b_finished, 2 * slow_a.stall_s, "B to finish the eviction")
+    assert worker.is_alive(), "A came back before B finished: the stall was too short"
     worker.join(timeout=10)
     assert not worker.is_alive()
     assert [name for _, name in slow_a.stamps] == ["annotate", "requeue_hold"]

@@ -20,9 +20,10 @@ from slurm_plugin.model import keys
 from slurm_plugin.model.records import StepRecord, encode_steps
 from slurm_plugin.telemetry import outlet as outlet_module
 from slurm_plugin.telemetry import relay as relay_module
-from slurm_plugin.telemetry.relay import Relay, RelayClient, parse_message
+from slurm_plugin.telemetry.relay import Relay, parse_message
+from slurm_plugin.telemetry.relay_client import RelayClient
 from slurm_plugin.telemetry.store import Seen, TelemetryStore, connect
-from tests.integration.conftest import RedisServer
+from tests.integration.conftest import RedisServer, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -135,7 +136,7 @@ def test_a_relay_refuses_another_jobs_flush_and_the_rank_publishes_itself(
 
 def test_a_relay_that_stops_loses_nothing(private_redis: RedisServer, relays: list[Relay]) -> None:
     proc = _ranks(JOB, JOB, 0, 16, 5.0, relays[0].socket_path, private_redis.url)
-    time.sleep(2.0)
+    wait_for(lambda: relays[0].entries >= 2, 30, "the relay to store the ranks' flushes")
     relays[0].close()  # the reporters go on to Redis themselves
     published = _published(proc)
     records, _, malformed = _read_all(TelemetryStore(connect(private_redis.url)))
@@ -217,9 +218,7 @@ def test_connections_are_bounded_and_forgotten_when_they_close(
             publish(extra, 3)
         for client in held:
             client.close()
-        deadline = time.monotonic() + 10
-        while relay._conns and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: relay.connections == 0, 10, "the relay to see its clients go")
         for rank in range(4, 10):  # more reporters than the bound, one after another
             client = RelayClient.connect(relay.socket_path)
             publish(client, rank)

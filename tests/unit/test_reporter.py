@@ -1,4 +1,5 @@
-"""StepReporter paths that need no Redis: disabled reporters, bad input, fork safety."""
+"""StepReporter without Redis: disabled reporters, bad input, fork safety, and its flush,
+retry and bounds against ``slurm_plugin.testing.FakeStore``."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from structlog.testing import capture_logs
 
 from slurm_plugin import StepReporter
 from slurm_plugin.errors import RedisUnavailableError
+from slurm_plugin.model.columns import decode_entries
 from slurm_plugin.telemetry import reporter as reporter_module
 from slurm_plugin.telemetry.store import TelemetryStore
+from slurm_plugin.testing import FakeStore
 
 
 @pytest.fixture(autouse=True)
@@ -174,3 +177,106 @@ def test_a_device_mesh_gives_its_non_data_parallel_coordinates() -> None:
     # FSDP2's HSDP mesh and torchtitan's names are data parallel by default.
     assert group_from_mesh(Mesh(("replicate", "shard"), [1, 3])) == ""
     assert group_from_mesh(Mesh(("dp_replicate", "dp_shard", "tp"), [0, 1, 3])) == "tp=3"
+
+
+def _reporter(store: FakeStore, **kwargs: object) -> StepReporter:
+    """A reporter on ``store`` that flushes only when asked and retries at once."""
+    options: dict[str, object] = {"flush_interval_s": 3600, "backoff_s": (0.001, 0.001)}
+    options.update(kwargs)
+    return StepReporter("7", 3, "node1", 1, store_factory=lambda: store, **options)  # type: ignore[arg-type]
+
+
+def test_a_flush_reaches_the_store_as_the_service_reads_it() -> None:
+    """Steps recorded before a flush are stored once, in the entry format the service
+    decodes: every value as recorded, the rank's identity, one flush id per entry."""
+    store = FakeStore()
+    rep = _reporter(store)
+    try:
+        for step in range(25):
+            rep.record(step, 0.5, compute_s=0.25 + step / 1000, comm_s=0.2, data_s=None)
+        assert rep.flush(timeout_s=10)
+    finally:
+        rep.close()
+    decoded = decode_entries(store.steps)
+    assert decoded.malformed == 0
+    batch = decoded.batch
+    assert batch.step.tolist() == list(range(25))
+    assert set(batch.rank.tolist()) == {3}
+    assert set(batch.gpu.tolist()) == {1}
+    assert batch.compute_s.tolist() == pytest.approx([0.25 + s / 1000 for s in range(25)])
+    assert rep.published == 25
+    assert len({e["flush"] for e in store.steps}) == len(store.steps)
+    assert store.connection.closed  # close() let go of Redis
+
+
+def test_a_flush_redis_refused_is_sent_again_whole() -> None:
+    """Redis away for two publishes: the flush is kept, sent again as it was (same flush id),
+    and stored once; nothing is counted as dropped."""
+    store = FakeStore()
+    store.fail_next = 2
+    rep = _reporter(store)
+    try:
+        for step in range(10):
+            rep.record(step, 0.1)
+        assert rep.flush(timeout_s=10)
+    finally:
+        rep.close()
+    assert store.calls == 3
+    assert len(store.steps) == 1
+    assert decode_entries(store.steps).batch.step.tolist() == list(range(10))
+    assert (rep.published, rep.dropped) == (10, 0)
+
+
+def test_a_flush_stored_without_an_answer_comes_again_under_the_same_id() -> None:
+    """Redis stored the flush but the answer was lost: the retry carries the same flush id
+    and steps, which is what lets the service read it once."""
+    store = FakeStore()
+    store.lose_answer = 1
+    rep = _reporter(store)
+    try:
+        for step in range(5):
+            rep.record(step, 0.1)
+        assert rep.flush(timeout_s=10)
+    finally:
+        rep.close()
+    first, again = store.steps
+    assert first == again
+    assert rep.published == 5
+
+
+def test_while_redis_is_away_the_newest_records_are_kept_and_the_loss_is_reported() -> None:
+    """buffer_records bounds what waits for Redis, counting the oldest as dropped; when Redis
+    answers again the kept records are stored and a telemetry_dropped event says how many
+    were lost."""
+    store = FakeStore()
+    store.fail_next = 1_000_000
+    rep = _reporter(store, buffer_records=100)
+    try:
+        for step in range(250):
+            rep.record(step, 0.1)
+        assert not rep.flush(timeout_s=0.2)  # Redis away: nothing stored
+        assert rep.dropped == 150
+        store.fail_next = 0
+        assert rep.flush(timeout_s=10)
+    finally:
+        rep.close()
+    assert decode_entries(store.steps).batch.step.tolist() == list(range(150, 250))
+    (dropped,) = [e for e in store.events if e["name"] == "telemetry_dropped"]
+    assert dropped["dropped"] == 150
+    assert rep.published == 100
+
+
+def test_an_event_redis_would_refuse_never_holds_back_the_steps() -> None:
+    """A NaN in an event is refused alone (counted); the steps beside it are stored."""
+    store = FakeStore()
+    rep = _reporter(store)
+    try:
+        rep.record(1, 0.1)
+        rep.event("checkpoint_end", loss=float("nan"))
+        rep.event("checkpoint_end", step=1)
+        assert rep.flush(timeout_s=10)
+    finally:
+        rep.close()
+    assert [e["name"] for e in store.events] == ["checkpoint_end"]
+    assert rep.invalid_events == 1
+    assert decode_entries(store.steps).batch.step.tolist() == [1]
