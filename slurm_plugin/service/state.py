@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import structlog
+from redis.exceptions import LockError, LockNotOwnedError
+from redis.lock import Lock
 from redis.sentinel import SentinelConnectionPool
 
 from slurm_plugin.errors import ConfigError
@@ -37,18 +39,6 @@ _STATE_ORDER = {
     "abandoned": 4,
     "recorded": 4,
 }
-_EXTEND_IF_OWNER = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('pexpire', KEYS[1], ARGV[2])
-end
-return 0
-"""
-_DELETE_IF_OWNER = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('del', KEYS[1])
-end
-return 0
-"""
 
 
 class ServiceState:
@@ -372,17 +362,33 @@ class ServiceState:
         self.client.delete(keys.PAUSE, keys.BREAKER)
 
     # -- leadership --------------------------------------------------------------------------
+    def _leader_lock(self, instance: str, ttl_s: float) -> Lock:
+        """redis-py's lock on ``stg:leader`` with ``instance`` as its token, so that every
+        service cycle (a new object each time) speaks for the same owner, and `straggler
+        status` can show who leads. Not thread-local: the fence reads it from any thread."""
+        lock = Lock(self.client, keys.LEADER, timeout=max(ttl_s, 0.001), thread_local=False)
+        lock.local.token = self.client.get_encoder().encode(instance)
+        return lock
+
     def lead(self, instance: str, ttl_s: float) -> bool:
-        """Take or keep the leader lock; True when ``instance`` leads. Keeping it is one atomic
-        step (extend only while the lock still names us), so two instances never both lead."""
-        ttl_ms = max(1, int(ttl_s * 1000))
-        if self.client.set(keys.LEADER, instance, nx=True, px=ttl_ms):
+        """Take or keep the leader lock; True when ``instance`` leads. Taking is SET NX PX;
+        keeping is redis-py's atomic reacquire (the TTL is reset only while the lock still
+        holds our token), so two instances never both lead."""
+        lock = self._leader_lock(instance, ttl_s)
+        if lock.acquire(blocking=False, token=instance):
             return True
-        return bool(self.client.eval(_EXTEND_IF_OWNER, 1, keys.LEADER, instance, ttl_ms))
+        try:
+            return lock.reacquire()
+        except LockNotOwnedError:
+            return False
 
     def step_down(self, instance: str) -> bool:
         """Give the lock up (only if ``instance`` holds it), so a standby can lead."""
-        return bool(self.client.eval(_DELETE_IF_OWNER, 1, keys.LEADER, instance))
+        try:
+            self._leader_lock(instance, 1.0).release()
+        except LockError:
+            return False
+        return True
 
     def check_schema(self) -> int:
         """The key layout's version in Redis. An empty or pre-versioning Redis (version 1 had

@@ -12,7 +12,7 @@ from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.node_rails import NodeRails
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.testing import FakeClock, FakeScheduler
-from tests.integration.conftest import RedisServer
+from tests.integration.conftest import RedisServer, wait_for
 from tests.integration.test_control_loop import running_job
 
 
@@ -96,3 +96,26 @@ def test_the_breaker_window_outlives_a_service_restart(private_redis: RedisServe
     flag(service(), "node4")  # after a restart
     assert state.breaker() is not None
     assert "3 straggler nodes within 600 s" in (state.breaker() or "")
+
+
+def test_the_leader_lock_has_one_owner_and_only_the_owner_keeps_or_frees_it(
+    private_redis: RedisServer,
+) -> None:
+    """The lock (redis-py's Lock, the instance name as its token): a second instance cannot
+    take it, keep it or free it; the owner keeps it past its first lifetime and frees it; a
+    lapsed lock goes to whoever asks next."""
+    state = _state(private_redis, FakeClock())
+    assert state.lead("a", ttl_s=1.0)
+    assert not state.lead("b", ttl_s=1.0)
+    assert not state.step_down("b")
+    assert state.client.get(keys.LEADER) == "a"  # status shows who leads
+    assert state.lead("a", ttl_s=30.0)  # kept, and for longer
+    assert int(state.client.pttl(keys.LEADER)) > 20_000
+    assert state.leads("a")
+    assert not state.leads("b")
+    assert state.step_down("a")
+    assert not state.step_down("a")  # freed once
+    assert state.lead("b", ttl_s=0.2)
+    wait_for(lambda: state.client.get(keys.LEADER) is None, 10, "b's lock to lapse")
+    assert not state.leads("b")
+    assert state.lead("a", ttl_s=1.0)
