@@ -4,7 +4,6 @@ counted (never lost silently), a backlog is read whole, and a flush stored twice
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any, cast
 
 import redis
@@ -19,7 +18,7 @@ from slurm_plugin.service.state import ServiceState
 from slurm_plugin.telemetry.reporter import StepReporter
 from slurm_plugin.telemetry.store import TelemetryStore, connect
 from slurm_plugin.testing import FakeClock
-from tests.integration.conftest import RedisServer
+from tests.integration.conftest import RedisServer, wait_for
 from tests.integration.test_control_loop import running_job
 
 
@@ -31,6 +30,18 @@ def _publish(store: TelemetryStore, job: JobInfo, first: int, entries: int, maxl
         for step in range(first, first + entries)
     ]
     store.publish(job.job_id, batches, steps_maxlen=maxlen)
+
+
+def _asleep(url: str) -> bool:
+    """Redis does not answer a PING within 50 ms (it is in DEBUG SLEEP)."""
+    probe = redis.Redis.from_url(url, socket_timeout=0.05, socket_connect_timeout=0.05)
+    try:
+        probe.ping()
+    except redis.TimeoutError:
+        return True
+    finally:
+        probe.close()
+    return False
 
 
 def test_entries_trimmed_before_they_were_read_are_counted(private_redis: RedisServer) -> None:
@@ -114,7 +125,8 @@ def test_a_flush_redis_stored_before_the_client_gave_up_is_read_once(
             )
         )
         stall.start()
-        time.sleep(0.1)  # Redis is asleep: the next flush times out after it was sent
+        # Redis is asleep (a PING goes unanswered): the next flush times out after it was sent.
+        wait_for(lambda: _asleep(url), 5, "Redis to go to sleep")
         for step in range(50, 100):
             reporter.record(step, 0.1, compute_s=0.08)
         stall.join()

@@ -9,7 +9,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -143,10 +142,18 @@ def test_every_dashboard_query_answers_during_an_eviction(
             30,
             "Prometheus to scrape the eviction",
         )
-        time.sleep(3)
-        empty = [
-            (title, expr) for title, expr in dashboard_queries() if not _query(url, _grafana(expr))
-        ]
+        empty: list[tuple[str, str]] = []
+
+        def every_query_answers() -> bool:
+            empty[:] = [
+                (title, expr)
+                for title, expr in dashboard_queries()
+                if not _query(url, _grafana(expr))
+            ]
+            return not empty
+
+        # Rates need samples on both sides of the eviction: a scrape or two after it.
+        wait_for(every_query_answers, 30, "every dashboard query to have data")
         assert empty == [], f"dashboard queries without data: {empty}"
         # The answers say what happened, not only that there is an answer.
         assert _value(url, 'sum(straggler_actions_total{action="evict",outcome="verified"})') == 1
