@@ -21,9 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import redis
-
-from benchmarks._common import machine, redis_url, table
+from benchmarks._common import clear, empty_redis, machine, table
 from slurm_plugin.config import Settings
 from slurm_plugin.model import keys
 from slurm_plugin.model.cluster import JobInfo, NodeInfo
@@ -101,22 +99,14 @@ def main() -> None:
         "--relayed", action="store_true", help="one entry per node per flush (the node relay)"
     )
     args = parser.parse_args()
-    url = redis_url()
-    client = redis.Redis.from_url(url)
-    if client.dbsize():
-        raise SystemExit(
-            f"the Redis database of STRAGGLER_REDIS_URL ({url}) is not empty; point it at an "
-            "empty one (the benchmark runs a service there and deletes what it wrote)"
-        )
+    url, client = empty_redis()
     rows = []
     try:
         for count in args.jobs:
             rows.append(run(url, count, args.cycles, args.relayed))
-            for key in client.scan_iter(count=1000):  # all ours: the database was empty
-                client.delete(key)
+            clear(client)
     finally:
-        for key in client.scan_iter(count=1000):
-            client.delete(key)
+        clear(client)
     print(f"machine: {machine()}")
     print(
         table(

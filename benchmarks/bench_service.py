@@ -14,9 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import redis
-
-from benchmarks._common import machine, redis_url, table
+from benchmarks._common import clear, empty_redis, machine, table
 from slurm_plugin.config import Settings
 from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.model.records import encode_steps
@@ -84,18 +82,11 @@ class StaticScheduler:
 
 
 def main() -> None:
-    url = redis_url()
-    client = redis.Redis.from_url(url)
-    if client.dbsize():
-        raise SystemExit(
-            f"the Redis database of STRAGGLER_REDIS_URL ({url}) is not empty; point it at an "
-            "empty one (the benchmark runs a service there and deletes what it wrote)"
-        )
+    url, client = empty_redis()
     try:
         run(url)
     finally:
-        for key in client.scan_iter(count=1000):  # all ours: the database was empty
-            client.delete(key)
+        clear(client)
 
 
 def run(url: str) -> None:

@@ -67,6 +67,23 @@ def running_job(
     )
 
 
+def held_job(
+    clock: FakeClock, job_id: str, admin_comment: str, restarts: int = 1, **changes: Any
+) -> JobInfo:
+    """``running_job`` as Slurm shows it after our requeuehold: pending, held, marked with
+    ``admin_comment``."""
+    return replace(
+        running_job(clock, job_id),
+        state="PENDING",
+        reason=REQUEUE_HELD,  # as scontrol says it of our requeuehold
+        priority=0,
+        nodes=(),
+        restarts=restarts,
+        admin_comment=admin_comment,
+        **changes,
+    )
+
+
 GPU_FINDING = "gpu: 7 of 8 GPUs visible"
 
 
@@ -666,15 +683,7 @@ def test_a_job_held_with_our_mark_and_no_record_is_released(
     clock = FakeClock()
 
     def held(job_id: str, comment: str) -> JobInfo:
-        return replace(
-            running_job(clock, job_id),
-            state="PENDING",
-            reason=REQUEUE_HELD,  # as scontrol says it of our requeuehold
-            priority=0,
-            nodes=(),
-            restarts=1,
-            admin_comment=comment,
-        )
+        return held_job(clock, job_id, comment)
 
     jobs = [
         held("21", "straggler: compute node3 +40.0% evict [d-00000000aaaa]"),

@@ -17,7 +17,7 @@ from slurm_plugin.config import Settings
 from slurm_plugin.errors import CommandTimeoutError, SlurmError
 from slurm_plugin.health.hook import HookResult, _redis_prolog
 from slurm_plugin.model import keys
-from slurm_plugin.model.cluster import REQUEUE_HELD, JobInfo
+from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.policy.rails import SafetyPolicy
 from slurm_plugin.service.identity import Known, fields_of, same_job, token
 from slurm_plugin.service.state import ServiceState
@@ -27,6 +27,7 @@ from tests.integration.conftest import RedisServer, Slurm
 from tests.integration.test_control_loop import (
     NODES,
     Loop,
+    held_job,
     make_loop,
     publish,
     running_job,
@@ -288,15 +289,7 @@ def test_a_second_deployment_never_undoes_the_firsts_marks(make_loop: Callable[.
     clock = FakeClock()
 
     def held(job_id: str, tag: str) -> JobInfo:
-        return replace(
-            running_job(clock, job_id),
-            state="PENDING",
-            reason=REQUEUE_HELD,  # as scontrol says it of our requeuehold
-            priority=0,
-            nodes=(),
-            restarts=1,
-            admin_comment=f"straggler: compute node3 +40.0% evict {tag}",
-        )
+        return held_job(clock, job_id, f"straggler: compute node3 +40.0% evict {tag}")
 
     drained = replace(
         NODES[2], flags=("DRAIN",), reason="straggler: persistent x [d-00000000dddd@aaaa]"

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from slurm_plugin.errors import CommandTimeoutError, SlurmError
-from slurm_plugin.model.cluster import REQUEUE_HELD, JobInfo
+from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
@@ -21,6 +21,7 @@ from tests.integration.conftest import RedisServer
 from tests.integration.test_control_loop import (
     NODES,
     Loop,
+    held_job,
     make_loop,
     publish,
     running_job,
@@ -157,16 +158,7 @@ def test_a_resume_is_read_back_and_another_deployments_drain_kept(
 
 
 def _held(clock: FakeClock, job_id: str, mark: str, restarts: int = 1) -> JobInfo:
-    return replace(
-        running_job(clock, job_id),
-        state="PENDING",
-        reason=REQUEUE_HELD,  # as scontrol says it of our requeuehold
-        priority=0,
-        nodes=(),
-        restarts=restarts,
-        admin_comment=mark,
-        submit_time=clock() - 100,
-    )
+    return held_job(clock, job_id, mark, restarts, submit_time=clock() - 100)
 
 
 def test_an_orphan_release_is_read_back_and_retried(

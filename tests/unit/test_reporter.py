@@ -186,6 +186,18 @@ def _reporter(store: FakeStore, **kwargs: object) -> StepReporter:
     return StepReporter("7", 3, "node1", 1, store_factory=lambda: store, **options)  # type: ignore[arg-type]
 
 
+def _flushed(store: FakeStore, steps: int) -> StepReporter:
+    """A reporter on ``store`` that recorded ``steps`` steps, flushed them all and closed."""
+    rep = _reporter(store)
+    try:
+        for step in range(steps):
+            rep.record(step, 0.1)
+        assert rep.flush(timeout_s=10)
+    finally:
+        rep.close()
+    return rep
+
+
 def test_a_flush_reaches_the_store_as_the_service_reads_it() -> None:
     """Steps recorded before a flush are stored once, in the entry format the service
     decodes: every value as recorded, the rank's identity, one flush id per entry."""
@@ -214,13 +226,7 @@ def test_a_flush_redis_refused_is_sent_again_whole() -> None:
     and stored once; nothing is counted as dropped."""
     store = FakeStore()
     store.fail_next = 2
-    rep = _reporter(store)
-    try:
-        for step in range(10):
-            rep.record(step, 0.1)
-        assert rep.flush(timeout_s=10)
-    finally:
-        rep.close()
+    rep = _flushed(store, 10)
     assert store.calls == 3
     assert len(store.steps) == 1
     assert decode_entries(store.steps).batch.step.tolist() == list(range(10))
@@ -232,13 +238,7 @@ def test_a_flush_stored_without_an_answer_comes_again_under_the_same_id() -> Non
     and steps, which is what lets the service read it once."""
     store = FakeStore()
     store.lose_answer = 1
-    rep = _reporter(store)
-    try:
-        for step in range(5):
-            rep.record(step, 0.1)
-        assert rep.flush(timeout_s=10)
-    finally:
-        rep.close()
+    rep = _flushed(store, 5)
     first, again = store.steps
     assert first == again
     assert rep.published == 5
