@@ -62,7 +62,7 @@ def transfer_excess(comm: F64, node_ranks: np.ndarray, base: float | None) -> F6
 
 
 def run_start(scores: F64, k: float) -> int:
-    """Index where the CUSUM run that ends at the last score began (after its last zero):
+    """Index where the CUSUM run that ends at the last z-score began (after its last zero):
     the steps that carry the shift, over which the slowdown is estimated."""
     s, start = 0.0, 0
     for i, value in enumerate(scores.tolist()):

@@ -19,7 +19,7 @@ END_ARL = 1e4
 
 def node_references(ks: list[F64], ranks: F64, arl: float) -> tuple[list[F64], list[F64]]:
     """The node charts' references and thresholds per row and node. A node of ``n`` ranks
-    slowed by a shift of d rank-spreads moves its score by d sqrt(n): its reference is the
+    slowed by a shift of d rank-spreads moves its z-score by d sqrt(n): its reference is the
     ranks' (half the smallest slowdown worth acting on) times sqrt(n), so a node-wide shift
     smaller than that minimum never alarms however many ranks carry it."""
     counts, where = np.unique(ranks, return_inverse=True)

@@ -270,7 +270,7 @@ class JobDetector:
         self, z: F64, k: F64, node_z: F64, node_k: F64, node_h: F64, live: np.ndarray
     ) -> dict[str, np.ndarray]:
         """Per row and rank, and per row and node: back under half the smallest slowdown
-        worth acting on. Downward CUSUMs (increments k - score) against a threshold
+        worth acting on. Downward CUSUMs (increments k - z-score) against a threshold
         for ``END_ARL``: a shift that ended is seen as over within about h/k steps, however
         long it lasted, where the alarm charts, holding evidence up to their cap, drain for
         much longer in noisy jobs."""

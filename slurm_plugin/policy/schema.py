@@ -73,7 +73,7 @@ class DetectionPolicy(Strict):
         _D.clip,
         gt=0,
         le=50,
-        description="Scores are clipped to +-clip sigma: one step's outlier never alarms alone. "
+        description="Z-scores are clipped to +-clip sigma: one step's outlier never alarms alone. "
         "Higher values detect huge slowdowns a step sooner but alarm on spikes.",
     )
     charts: int = Field(
