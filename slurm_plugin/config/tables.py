@@ -67,7 +67,7 @@ class TelemetrySettings(_Group):
     job_credentials_dir: Path = Field(
         default=Path("/run/slurm-straggler/jobs"),
         description="Where the prolog writes per-job credential files (JOBID.toml); ranks "
-        "read theirs from here ($STRAGGLER_JOB_CREDENTIALS_DIR overrides on their side).",
+        "read theirs from here ($STRAGGLER_TELEMETRY_JOB_CREDENTIALS_DIR overrides on their side).",
     )
 
 

@@ -30,9 +30,18 @@ from slurm_plugin.telemetry.sentinel import every_server
 
 log = structlog.get_logger(__name__)
 
-#: Where ranks look for their credential when $STRAGGLER_JOB_CREDENTIALS_DIR is not set.
+#: Where ranks look for their credential when $STRAGGLER_TELEMETRY_JOB_CREDENTIALS_DIR is not set.
 DEFAULT_DIR = Path("/run/slurm-straggler/jobs")
-DIR_ENV = "STRAGGLER_JOB_CREDENTIALS_DIR"
+#: The setting's own variable (``[telemetry] job_credentials_dir``); 0.1's name is still read.
+DIR_ENV = "STRAGGLER_TELEMETRY_JOB_CREDENTIALS_DIR"
+OLD_DIR_ENV = "STRAGGLER_JOB_CREDENTIALS_DIR"
+
+
+def _directory(env: Mapping[str, str]) -> Path | None:
+    found = env.get(DIR_ENV) or env.get(OLD_DIR_ENV)
+    return Path(found) if found else None
+
+
 USER_PREFIX = "stg-job-"
 
 
@@ -158,7 +167,7 @@ def _text(value: Any) -> str:
 
 def credential_path(job_id: str, directory: Path | None = None) -> Path:
     """The file where the job's credential lives on a node."""
-    base = directory or Path(os.environ.get(DIR_ENV) or DEFAULT_DIR)
+    base = directory or _directory(os.environ) or DEFAULT_DIR
     return base / f"{keys.check_job_id(job_id)}.toml"
 
 
@@ -206,8 +215,7 @@ def remove_file(path: Path) -> bool:
 def job_settings(job_id: str, env: Mapping[str, str], load: Callable[..., Any]) -> Any:
     """The settings a rank publishes with: the job's credential file when the prolog wrote one
     (its values beat the environment: the site chose them), else the usual sources."""
-    directory = env.get(DIR_ENV)
-    path = credential_path(job_id, Path(directory) if directory else None)
+    path = credential_path(job_id, _directory(env))
     if not path.is_file():
         return load()
     with path.open("rb") as handle:  # unreadable: PermissionError, an OSError the caller handles

@@ -269,7 +269,7 @@ def test_job_credentials_issued_confined_and_revoked(
 REPORTER_JOB = """#!/bin/sh
 # The environment names no usable Redis: only the job's credential file can make this work.
 export STRAGGLER_REDIS_URL=redis://127.0.0.1:1/0 STRAGGLER_CONFIG=/nonexistent.toml
-export STRAGGLER_JOB_CREDENTIALS_DIR={jobs} PYTHONPATH={repo}
+export STRAGGLER_TELEMETRY_JOB_CREDENTIALS_DIR={jobs} PYTHONPATH={repo}
 exec {python} -c '
 from slurm_plugin.telemetry.reporter import StepReporter
 with StepReporter.from_env() as rep:

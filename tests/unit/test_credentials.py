@@ -68,11 +68,15 @@ def test_credential_file_is_private_and_a_settings_file(tmp_path: Path) -> None:
 
 
 def test_credential_directory_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ranks find the file through $STRAGGLER_JOB_CREDENTIALS_DIR, else the default."""
+    """Ranks find the file through $STRAGGLER_TELEMETRY_JOB_CREDENTIALS_DIR (0.1's
+    $STRAGGLER_JOB_CREDENTIALS_DIR still works), else the default."""
     monkeypatch.delenv(credentials.DIR_ENV, raising=False)
     assert credentials.credential_path("5") == credentials.DEFAULT_DIR / "5.toml"
+    monkeypatch.delenv(credentials.OLD_DIR_ENV, raising=False)
+    monkeypatch.setenv(credentials.OLD_DIR_ENV, str(tmp_path / "old"))
+    assert credentials.credential_path("5") == tmp_path / "old" / "5.toml"
     monkeypatch.setenv(credentials.DIR_ENV, str(tmp_path))
-    assert credentials.credential_path("5") == tmp_path / "5.toml"
+    assert credentials.credential_path("5") == tmp_path / "5.toml"  # the new name wins
 
 
 def test_tls_options_verify_the_server() -> None:
