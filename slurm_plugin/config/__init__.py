@@ -3,8 +3,11 @@
 Sources, highest precedence first: explicit keyword arguments, ``STRAGGLER_*`` environment
 variables, a TOML file (``--config``, else ``STRAGGLER_CONFIG``, else
 ``/etc/slurm-straggler/config.toml`` when it exists; pydantic-settings' TOML source), then the
-defaults below. Tables (``[safety]``) merge key by key across sources. Unknown keys in the file
-are errors that name the key and the file.
+defaults. One table per owner (``[redis]``, ``[telemetry]``, ``[service]``, ``[health]``,
+``[slurm]``; the rails ``[safety]`` and ``[persistence]``; :mod:`slurm_plugin.config.tables`),
+each key with one variable, ``STRAGGLER_<TABLE>_<KEY>``. Tables merge key by key across
+sources. Unknown keys in the file are errors that name the key and the file. The flat names of
+0.1 are read for one more release (:data:`~slurm_plugin.config.tables.LEGACY`) and logged.
 """
 
 from __future__ import annotations
