@@ -34,6 +34,7 @@ from slurm_plugin.service.state import OPEN_STATES, ServiceState
 from slurm_plugin.telemetry.store import TelemetryStore
 from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.conftest import RedisServer, copy_policies
+from tests.integration.test_control_loop import running_job
 
 pytestmark = pytest.mark.integration
 
@@ -171,23 +172,11 @@ class ControlPlane(RuleBasedStateMachine):
     def _job(self, job_id: str, nodes: tuple[str, ...]) -> JobInfo:
         user = f"u{next(self.users)}"
         self.steps[user] = 0
-        return JobInfo(
-            job_id=job_id,
-            name="train",
-            state="RUNNING",
-            reason="None",
-            nodes=nodes,
-            excluded=(),
-            restarts=0,
-            requeue=True,
-            comment="straggler:policy=evict",
-            admin_comment="",
+        return replace(
+            running_job(self.clock, job_id, user=user, nodes=nodes),
             partition="gpu",
             node_count=len(nodes),
-            user=user,
             time_limit_s=8 * 3600.0,
-            start_time=self.clock() - 600,
-            priority=1,
             submit_time=self.clock() - 700,
         )
 
