@@ -20,7 +20,7 @@ from typing import Any, Literal
 import structlog
 
 from slurm_plugin.config import Settings
-from slurm_plugin.errors import StragglerError
+from slurm_plugin.errors import RedisUnavailableError, StragglerError
 from slurm_plugin.health.checks import (
     Finding,
     GpuThresholds,
@@ -219,7 +219,7 @@ def _trouble(exc: Exception) -> str:
     credential file we could not write) that must not be reported as Redis being away."""
     from redis.exceptions import RedisError  # noqa: PLC0415 - only when something failed
 
-    if isinstance(exc, RedisError):
+    if isinstance(exc, RedisError | RedisUnavailableError):  # redis-py's, or ours around it
         return "Redis unavailable"
     return f"{type(exc).__name__} (not Redis)"
 

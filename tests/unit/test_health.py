@@ -309,3 +309,24 @@ def test_a_passing_prologs_warnings_reach_syslog(
     sock.settimeout(5)
     (line,) = _received(sock)
     assert "straggler-prolog: timed out after 1s, passing" in line, line
+
+
+def test_the_prologs_problem_line_says_whether_redis_was_the_trouble(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Redis that cannot be reached (or a URL that names none) reads "Redis unavailable";
+    a fault of ours is named as what it is, never blamed on Redis."""
+    from slurm_plugin.health.hook import HookResult, _redis_prolog  # noqa: PLC0415
+    from slurm_plugin.telemetry.node_record import NodeRecord  # noqa: PLC0415
+
+    away = HookResult(node="node1", job_id="")
+    _redis_prolog(Settings(redis={"url": "http://not-redis"}), {}, away)
+    assert away.problems[0].startswith("Redis unavailable, ")
+
+    def broken(_record: NodeRecord) -> None:
+        raise KeyError("reason")
+
+    monkeypatch.setattr(NodeRecord, "refusal", broken)
+    ours = HookResult(node="node1", job_id="")
+    _redis_prolog(Settings(redis={"url": "redis://127.0.0.1:1/0"}), {}, ours)
+    assert ours.problems[0].startswith("KeyError (not Redis), ")
