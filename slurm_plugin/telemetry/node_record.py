@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import asdict
-from typing import Any, cast
+from typing import Any
 
 from slurm_plugin.model import keys
+from slurm_plugin.model.records import to_text
 from slurm_plugin.policy.history import Incident, NodeHistory
 
 HISTORY = "history"
@@ -64,8 +65,7 @@ class NodeRecord:
 
     def fields(self) -> dict[str, str]:
         """The whole hash as text (empty when the node is unknown)."""
-        raw = cast("Mapping[Any, Any]", self.client.hgetall(self.key))
-        return {str(_text(k)): str(_text(v)) for k, v in raw.items()}
+        return to_text(self.client.hgetall(self.key))
 
     # -- the service's history -------------------------------------------------------------
     def history(self) -> NodeHistory:

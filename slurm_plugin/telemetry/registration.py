@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from slurm_plugin.model import keys
+from slurm_plugin.model.records import to_text
 from slurm_plugin.policy.loader import JobOptions
 
 POLICY = "policy"
@@ -42,11 +43,6 @@ class Registration:
     #: The options the job gave, by name (one of ``OPTIONS``); absent ones are not here.
     options: Mapping[str, str] = field(default_factory=dict)
 
-    @property
-    def known(self) -> bool:
-        """A prolog registered the job (an empty hash reads as an unknown job)."""
-        return bool(self.registered_at or self.nodes or self.user)
-
     def job_options(self) -> JobOptions:
         """The options as the policy applies them."""
         return JobOptions(
@@ -56,13 +52,9 @@ class Registration:
         )
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def from_fields(fields: Mapping[Any, Any]) -> Registration:
     """A registration from its hash (bytes or text); unknown fields are ignored."""
-    found = {_text(k): _text(v) for k, v in fields.items()}
+    found = to_text(fields)
     return Registration(
         policy=found.get(POLICY, ""),
         nodes=found.get(NODES, ""),
