@@ -271,7 +271,11 @@ def holds_secret(values: Mapping[str, Any]) -> bool:
     """True when settings values carry a credential: a password in the Redis URL (``[redis]
     url``, or the flat ``redis_url``), in its userinfo or in its query (``?password=``)."""
     table = values.get("redis")
-    url = table.get("url") if isinstance(table, Mapping) else values.get("redis_url")
+    urls_given = [table.get("url") if isinstance(table, Mapping) else None, values.get("redis_url")]
+    return any(_url_holds_secret(url) for url in urls_given)
+
+
+def _url_holds_secret(url: Any) -> bool:
     if not isinstance(url, str) or "://" not in url:
         return False
     try:

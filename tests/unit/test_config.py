@@ -258,3 +258,13 @@ def test_every_field_has_one_environment_name(monkeypatch: pytest.MonkeyPatch) -
     assert settings.health.critical_xids == [79]
     assert settings.telemetry.job_credentials_dir == Path("/run/x")
     assert settings.safety.max_evictions_per_hour == 4
+
+
+def test_a_password_in_either_form_makes_the_file_private(tmp_path: Path) -> None:
+    """A file with a [redis] table and 0.1's flat redis_url beside it: the password in the
+    flat one still makes a readable file an error."""
+    path = tmp_path / "config.toml"
+    path.write_text('redis_url = "redis://admin:s3cret@db:6379/0"\n[redis]\ntimeout_s = 3\n')
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match="0644"):
+        load_settings(path)
