@@ -25,10 +25,23 @@ from slurm_plugin.detection import StragglerEvent
 from slurm_plugin.detection.params import DetectionParams
 from slurm_plugin.detection.recheck import rank_factor, still_pct, structure_peers
 from slurm_plugin.model.cluster import JobInfo, NodeInfo
-from slurm_plugin.policy.decide import ClusterContext, Decision, JobContext, decide
+from slurm_plugin.policy.decide import ClusterContext, Decision, JobContext
+from slurm_plugin.policy.lifecycle import (
+    UNKNOWN,
+    Close,
+    Effect,
+    Evict,
+    Joined,
+    Missed,
+    Rechecking,
+    Record,
+    Waiting,
+    World,
+    detected,
+    tick,
+)
 from slurm_plugin.policy.rails import SafetyPolicy
 from slurm_plugin.policy.schema import Policy
-from slurm_plugin.policy.verdict import UNKNOWN, Facts, final, recheck
 from slurm_plugin.trace import Trace
 from slurm_plugin.trace_meta import TraceContext
 
@@ -39,13 +52,11 @@ CYCLE_S = 2.0
 
 @dataclass
 class _Waiting:
-    """A decision waiting for the job's checkpoint."""
+    """A job's waiting decision (the lifecycle's state), and its backtest row."""
 
+    state: Waiting
     row: dict[str, Any]
-    event: StragglerEvent
-    since: float
-    node_incidents: int
-    #: When the re-check had nothing to look at: decided again then (the service's next cycle).
+    #: When a re-check had nothing to look at: decided again then (the service's next cycle).
     again_at: float | None = None
 
 
@@ -71,6 +82,8 @@ class Replay:
     #: Per straggler event (by ``id``), its job's per-rank by-design compute factor when the
     #: event came (``Detector.structure_scale``; None or absent: no structure).
     scales: dict[int, np.ndarray | None] = field(default_factory=dict)
+    #: Per job, the structure its newest decided event came with (what the re-check uses).
+    _scale: dict[str, np.ndarray | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         codes = self.trace.job_code
@@ -114,7 +127,7 @@ class Replay:
         return self.jobs[name]
 
     def _recent_slowdown_pct(
-        self, event: StragglerEvent, now: float, steps: int = 20
+        self, event: StragglerEvent, now: float, since_step: int, steps: int = 20
     ) -> float | None:
         """The service's re-check before an eviction, on the trace: how much longer the
         event's ranks (its node's, when node-wide) computed than the ranks on other nodes over
@@ -129,14 +142,14 @@ class Replay:
         lo, hi = np.searchsorted(trace.ts, [begin, now], side="right")
         part = slice(int(lo), int(hi))
         in_job = (trace.job_code[part] == trace.job_names.index(event.job_id)) & (
-            trace.step[part] >= event.step
+            trace.step[part] >= since_step
         )
         if not in_job.any():
             return None
         step = trace.step[part][in_job]
         rank = trace.rank[part][in_job]
         compute = trace.compute_s[part][in_job]
-        scale = self.scales.get(id(event))
+        scale = self._scale.get(event.job_id)
         if scale is not None and len(scale):
             compute = compute / rank_factor(scale, rank)
         on_node = trace.node_code[part][in_job] == trace.node_names.index(event.node)
@@ -187,91 +200,104 @@ class Replay:
             last_checkpoint_ts=known[-1] if known else None,
             reports_checkpoints=bool(known) and not overdue,
             checkpoint_period_s=_period(known),
-            waiting_since=waiting.since if waiting else None,
+            waiting_since=waiting.state.since if waiting else None,
             node_incidents=node_incidents,
         )
 
-    def _verdict(
-        self, event: StragglerEvent, now: float, ctx: JobContext
-    ) -> tuple[Decision, JobInfo]:
+    def _world(self, job_id: str, now: float) -> World:
+        """The facts of ``now`` for the lifecycle, as the service gathers them."""
         recent = sum(1 for ts in itertools.chain(*self.evictions.values()) if now - ts < 3600)
         cluster = ClusterContext(
             nodes=self._cluster(), evictions_last_hour=recent, safety=self.safety
         )
-        job = self._job(event.job_id)
-        gone = tuple(sorted(self.excluded.get(event.job_id, ())))
+        job = self._job(job_id)
+        gone = tuple(sorted(self.excluded.get(job_id, ())))
         if gone:
             kept = tuple(n for n in job.nodes if n not in gone)
             job = replace(job, nodes=kept, excluded=gone)
-        return decide(event, job, self.policy, ctx, cluster, now), job
+
+        def probe(event: StragglerEvent, since_step: int) -> float | None:
+            return self._recent_slowdown_pct(event, now, since_step)
+
+        return World(job, self.policy, self._context(job_id, now, 0), cluster, now, probe)
 
     def decide(self, event: StragglerEvent, row: dict[str, Any], node_incidents: int = 0) -> None:
         """Put the service's verdict on ``event`` at its time into its detection ``row`` (a
         wait's row is completed when the wait is resolved); ``node_incidents``: other jobs of
         the trace that saw the node slow before."""
+        self._scale[event.job_id] = self.scales.get(id(event))
         if event.node in self.excluded.get(event.job_id, ()):
             row.update(action="none", reasons=["evicted from the job before"])
             return
-        if event.job_id in self.waiting:
-            row.update(action="wait", reasons=["a decision already waits for the checkpoint"])
-            return
-        ctx = self._context(event.job_id, event.ts, node_incidents)
-        decision, settled = self._final(event, event.ts, ctx)
-        row.update(_row(decision), **settled)
-        if decision.action == "evict":
-            self._evicted(event, event.ts)
-        elif decision.action == "wait":
-            again = event.ts + CYCLE_S if settled.get("waiting_for") == "recheck" else None
-            self.waiting[event.job_id] = _Waiting(row, event, event.ts, node_incidents, again)
+        held = self.waiting.get(event.job_id)
+        world = self._world(event.job_id, event.ts)
+        state, effects, decision = detected(
+            held.state if held else None, event, node_incidents, str(id(row)), world
+        )
+        row.update(_row(decision))
+        if held is not None and state is held.state:  # a node already waited on
+            row.update(action="wait", reasons=["a decision already waits for this node"])
+        for effect in effects:
+            if isinstance(effect, Joined) and held is not None:
+                row.update(action="wait", reasons=[*decision.reasons, "joined the waiting one"])
+                self.waiting[event.job_id] = replace(held, state=effect.waiting)
+            elif isinstance(effect, Record):
+                row.update(action=effect.decision.action, **effect.extra)
+                if effect.state == "waiting" and state is not None:
+                    again = event.ts + CYCLE_S if state.waiting_for == "recheck" else None
+                    self.waiting[event.job_id] = _Waiting(state, row, again)
+            elif isinstance(effect, Close) and held is not None:
+                self._carry_out(event.job_id, effect, held.row, event.ts)
+            else:
+                self._carry_out(event.job_id, effect, row, event.ts)
+        if state is None:
+            self.waiting.pop(event.job_id, None)
 
-    def _final(
-        self, event: StragglerEvent, now: float, ctx: JobContext
-    ) -> tuple[Decision, dict[str, Any]]:
-        """The service's final verdict (policy/verdict.py): the policy's decision, then, for
-        an eviction, the re-check of the node on the trace's newest steps up to ``now``."""
-        decision, _ = self._verdict(event, now, ctx)
-        if decision.action != "evict":
-            return decision, {}
-        recent = self._recent_slowdown_pct(event, now)
-        fact = recheck(event.node, recent, self.policy.detection.min_slowdown_pct)
-        return final(decision, Facts(recheck=fact))
+    def _carry_out(self, job_id: str, effect: Effect, row: dict[str, Any], now: float) -> None:
+        """One effect of the lifecycle, in memory (``row``: the decision's backtest row)."""
+        if isinstance(effect, Evict):
+            self.evictions.setdefault(job_id, []).append(now)
+            self.excluded.setdefault(job_id, set()).update(effect.nodes)
+            row.update(_row(effect.decision), action="evict", **effect.extra)
+            if effect.after != "detection":
+                row.update(node=effect.event.node, acted_ts=now, after=effect.after)
+        elif isinstance(effect, Close):
+            if effect.note:
+                row.update(action="none", note=effect.note)
+            else:
+                row.update(action="none", reasons=[*row["reasons"], *effect.reasons])
+        elif isinstance(effect, Missed):
+            self.missed[job_id] = effect.now
+        elif isinstance(effect, Rechecking):
+            row.update(waiting_for="recheck", reasons=[*row["reasons"], UNKNOWN])
 
-    def _evicted(self, event: StragglerEvent, ts: float) -> None:
-        self.evictions.setdefault(event.job_id, []).append(ts)
-        self.excluded.setdefault(event.job_id, set()).add(event.node)
+    def _due(self, job_id: str, w: _Waiting) -> float:
+        """When the waiting decision is next decided again (the trace's clock)."""
+        if w.state.waiting_for == "recheck":
+            return w.again_at if w.again_at is not None else w.state.since
+        if w.state.waiting_for == "resume":  # nothing is ever paused in a replay
+            return float("inf")
+        checkpoints = self.context.checkpoints(job_id)
+        after = checkpoints[bisect.bisect_left(checkpoints, w.state.since) :]
+        limit = w.state.since + self.policy.actions.max_wait_s
+        return float(min(after[0] if after else np.inf, limit))
 
     def until(self, now: float) -> None:
         """Resolve every wait whose checkpoint came, or whose ``max_wait_s`` ran out, by
         ``now`` (and before the job's records end)."""
         for job_id in list(self.waiting):
             w = self.waiting[job_id]
-            if w.again_at is not None:  # a re-check that had nothing to look at, again
-                due, how = w.again_at, "recheck"
-            else:
-                checkpoints = self.context.checkpoints(job_id)
-                after = checkpoints[bisect.bisect_right(checkpoints, w.since) :]
-                due = min(after[0] if after else np.inf, w.since + self.policy.actions.max_wait_s)
-                how = "checkpoint" if after and after[0] == due else "max wait"
-            if due <= min(now, self.last_ts[job_id]):
-                self._resolve(job_id, w, float(due), how)
-
-    def _resolve(self, job_id: str, w: _Waiting, now: float, after: str) -> None:
-        del self.waiting[job_id]
-        if after == "max wait":
-            self.missed[job_id] = now
-        # Decided again as the service does: as if the job reported no checkpoints.
-        ctx = replace(self._context(job_id, now, w.node_incidents), reports_checkpoints=False)
-        decision, settled = self._final(w.event, now, ctx)
-        w.row["waited_s"] = round(now - w.since, 3)
-        if settled.get("waiting_for") == "recheck":  # still nothing to re-check: wait on
-            if w.row.get("waiting_for") != "recheck":
-                w.row.update(waiting_for="recheck", reasons=[*w.row["reasons"], UNKNOWN])
-            self.waiting[job_id] = replace(w, again_at=now + CYCLE_S)
-        elif decision.action == "evict":
-            self._evicted(w.event, now)
-            w.row.update(_row(decision), action="evict", acted_ts=now, after=after)
-        else:
-            w.row.update(action="none", reasons=[*w.row["reasons"], *decision.reasons])
+            due = self._due(job_id, w)
+            while due <= min(now, self.last_ts[job_id]):
+                state, effects = tick(w.state, self._world(job_id, due))
+                w.row["waited_s"] = round(due - w.state.since, 3)
+                for effect in effects:
+                    self._carry_out(job_id, effect, w.row, due)
+                if state is None:
+                    del self.waiting[job_id]
+                    break
+                w = self.waiting[job_id] = replace(w, state=state, again_at=due + CYCLE_S)
+                due = self._due(job_id, w)
 
 
 def _row(decision: Decision) -> dict[str, Any]:

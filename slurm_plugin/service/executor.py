@@ -14,6 +14,7 @@ through is released anyway (``failed``, "released without exclusion") rather tha
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 
@@ -65,10 +66,16 @@ class Executor:
 
     # -- eviction -------------------------------------------------------------------------------
     def evict(
-        self, decision_id: str, job: JobInfo, node: str, record: dict[str, object] | None = None
+        self,
+        decision_id: str,
+        job: JobInfo,
+        nodes: str | Sequence[str],
+        record: dict[str, object] | None = None,
     ) -> str:
-        """Requeue ``job`` excluding ``node``; returns the final state. ``record`` adds the
-        decision's context (cause, reasons, goodput) to the persisted decision."""
+        """Requeue ``job`` excluding ``nodes`` (one requeue for all of them); returns the final
+        state. ``record`` adds the decision's context (cause, reasons, goodput) to the
+        persisted decision."""
+        node = (nodes,) if isinstance(nodes, str) else tuple(nodes)
         self.state.save_decision(
             decision_id,
             {
@@ -77,7 +84,8 @@ class Executor:
                 "action": "evict",
                 "job_id": job.job_id,
                 **fields_of(job, None, prefix="job_"),  # which job: recover() checks it
-                "node": node,
+                "node": node[0],
+                "nodes": list(node),
                 "restarts_before": job.restarts,
                 "planned_at": f"{self.clock():.3f}",
             },
@@ -91,7 +99,9 @@ class Executor:
         self.state.save_decision(decision_id, {"state": "held", "held_at": f"{held_at:.3f}"})
         return self._finish(decision_id, job.job_id, node, job.restarts, held_at)
 
-    def _hold_failed(self, decision_id: str, job: JobInfo, node: str, exc: SlurmError) -> str:
+    def _hold_failed(
+        self, decision_id: str, job: JobInfo, node: tuple[str, ...], exc: SlurmError
+    ) -> str:
         """requeuehold failed: a refusal Slurm answered is final; otherwise (timeout, no
         controller) the requeue may still happen, so the decision stays open for recover()."""
         try:
@@ -117,7 +127,12 @@ class Executor:
         return "pending"
 
     def _finish(
-        self, decision_id: str, job_id: str, node: str, restarts_before: int, held_at: float
+        self,
+        decision_id: str,
+        job_id: str,
+        node: tuple[str, ...],
+        restarts_before: int,
+        held_at: float,
     ) -> str:
         """From 'held' on: exclude (merging old exclusions), release, verify."""
         error = None
@@ -125,8 +140,8 @@ class Executor:
         try:
             current = self.slurm.job(job_id)
             comment = current.admin_comment
-            excluded = sorted({*current.excluded, node})
-            if node not in current.excluded:
+            excluded = sorted({*current.excluded, *node})
+            if not set(node) <= set(current.excluded):
                 self.slurm.set_excluded(job_id, excluded)
             self.state.save_decision(decision_id, {"state": "excluded", "excluded": excluded})
         except SlurmError as exc:
@@ -156,9 +171,14 @@ class Executor:
         return self._verify(decision_id, job_id, node, restarts_before, released_at)
 
     def _verify(
-        self, decision_id: str, job_id: str, node: str, restarts_before: int, released_at: float
+        self,
+        decision_id: str,
+        job_id: str,
+        node: tuple[str, ...],
+        restarts_before: int,
+        released_at: float,
     ) -> str:
-        """Released -> verified once Slurm shows the job running again without ``node``;
+        """Released -> verified once Slurm shows the job running again without ``node`` (each);
         failed when it does not within ``verify_timeout_s`` of the release."""
         deadline = released_at + self.verify_timeout_s
         budget_end = time.monotonic() + self.step_budget_s
@@ -173,10 +193,10 @@ class Executor:
                 # load) is no failure of ours.
                 other = self._held_by_another(job_id) if job.held else None
                 ok = (
-                    node in job.excluded
+                    set(node) <= set(job.excluded)
                     and job.restarts > restarts_before
                     and (not job.held or other is not None)
-                    and node not in job.nodes
+                    and not set(node) & set(job.nodes)
                 )
                 if job.held and other is None:  # our release did not take (or came early)
                     self.slurm.release(job_id)
@@ -187,7 +207,12 @@ class Executor:
                 )
                 if ok:
                     self.state.save_decision(decision_id, {"state": "verified", "verified": detail})
-                    log.info("executor.evicted", decision_id=decision_id, job_id=job_id, node=node)
+                    log.info(
+                        "executor.evicted",
+                        decision_id=decision_id,
+                        job_id=job_id,
+                        node=",".join(node),
+                    )
                     return "verified"
             except SlurmError as exc:
                 detail = str(exc)
@@ -222,7 +247,7 @@ class Executor:
 
     def _recover_eviction(self, rec: dict[str, str]) -> bool:
         decision_id, state = rec["id"], rec.get("state", "")
-        job_id, node = rec.get("job_id", ""), rec.get("node", "")
+        job_id, node = rec.get("job_id", ""), _nodes(rec)
         before = int(rec.get("restarts_before", "0") or 0)
         log.warning("executor.recovering", decision_id=decision_id, job_id=job_id, state=state)
         try:
@@ -435,3 +460,13 @@ def _landed_late(decision_id: str, decision: dict[str, str], job: JobInfo) -> st
 
 def _timed_out(exc: SlurmError) -> bool:
     return isinstance(exc.__cause__, CommandTimeoutError)
+
+
+def _nodes(rec: dict[str, str]) -> tuple[str, ...]:
+    """The nodes an eviction excludes: its ``nodes`` list, else (0.1's records) its node."""
+    try:
+        listed = json.loads(rec.get("nodes") or "[]")
+    except ValueError:
+        listed = []
+    found = tuple(n for n in listed if isinstance(n, str)) if isinstance(listed, list) else ()
+    return found or (rec.get("node", ""),)

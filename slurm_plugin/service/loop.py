@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -23,10 +23,11 @@ from slurm_plugin.config import Settings
 from slurm_plugin.detection import DetectionParams, Detector, Event, StragglerEvent
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.model.cluster import JobInfo, NodeInfo
-from slurm_plugin.policy.decide import ClusterContext, JobContext, decide, is_slowdown
+from slurm_plugin.policy import lifecycle
+from slurm_plugin.policy.decide import ClusterContext, JobContext, is_slowdown
 from slurm_plugin.policy.history import other_jobs
 from slurm_plugin.policy.schema import Policy
-from slurm_plugin.policy.verdict import Facts, final
+from slurm_plugin.service.decisions import Decisions
 from slurm_plugin.service.evidence import gather_evidence
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.fence import FencedScheduler
@@ -35,22 +36,16 @@ from slurm_plugin.service.ingest import Ingest
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.node_rails import NodeRails
 from slurm_plugin.service.policies import PolicySet
-from slurm_plugin.service.record import decision_record, job_context
-from slurm_plugin.service.resume import resume_waiting
+from slurm_plugin.service.record import job_context
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.service.value import Value
-from slurm_plugin.service.waiting import Recheck, with_candidate
+from slurm_plugin.service.waiting import probe
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.scheduler import Scheduler
 from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)
 
-#: What an operator reads when Slurm refuses our mark on a job (AdminComment).
-MARK_HINT = (
-    "Our marks live in the job's AdminComment, which only a Slurm administrator may set: "
-    "grant the service account AdminLevel=Admin (docs/deploy.md, The service account)"
-)
 #: Cycles failing in a row after which a leader gives its lock up (a standby may do better).
 STEP_DOWN_AFTER = 3
 #: Detection runs until the cycle has taken this share of the interval, and at least
@@ -123,7 +118,9 @@ class Service:
         self._identities = Identities(state, store, settings.deployment, clock)
         self._job_policy: dict[str, tuple[str, DetectionParams]] = {}
         self._node_rails = NodeRails(state, self.executor, dry_run=dry_run)
-        self._recheck = Recheck(self._detector_of)
+        self._decisions = Decisions(
+            state, self.executor, self.metrics, self._value, clock, dry_run=dry_run
+        )
         self._failures = 0  # cycles failed in a row
         self._standby_until = 0.0  # after stepping down: do not take the lock before this
         #: The cluster-wide rails: the service's settings, never a job's policy.
@@ -223,7 +220,7 @@ class Service:
         for job in running.values():
             self._ingest.note_structure(job, self._detectors.values())
             if job.job_id in handled or known[job.job_id].get("waiting"):
-                resume_waiting(self, job, nodes, now, report)
+                self._tick(job, nodes, now, report)
         self._node_rails.explain_prolog_drains(nodes)
         self._node_rails.age(now, self.rails)
         waited = max((d.waiting_s() for d in self._detectors.values()), default=0.0)
@@ -305,10 +302,10 @@ class Service:
                 decision_id,
                 {**base, "state": "recorded", "action": "report", "details": event.to_dict()},
             )
-            self._annotated(decision_id, job, text, policy)
+            self._decisions.annotated(decision_id, job, text, policy)
             return {"id": decision_id, "action": "report", "kind": event.kind}
         gpus = [event.gpu] if event.scope == "gpu" and event.gpu is not None else []
-        evidence, reported = gather_evidence(
+        evidence = gather_evidence(
             self.state,
             self.store,
             job.job_id,
@@ -326,29 +323,15 @@ class Service:
                 self.rails,
                 nodes,
                 now,
-                corroborated=bool(evidence),
+                corroborated=bool(evidence[0]),
                 cluster_mode=self._policies.default.actions.mode,
             )
-        ctx = replace(self._context(job), node_incidents=past)
-        decision = decide(event, job, policy, ctx, self._cluster(nodes, now), now)
+        held = self._decisions.waiting(job)
+        world = self._world(job, policy, nodes, now)
+        state, effects, decision = lifecycle.detected(held, event, past, decision_id, world)
         if is_slowdown(event, policy):
             self._value.straggling(event, decision)
-        record = {**base, **decision_record(event, decision, evidence, reported, past)}
-        evicting = decision.action == "evict" and self._evicting(job.job_id)
-        recheck = (
-            self._recheck.recovered(job, event.node, policy, event.ranks, since_step=event.step)
-            if decision.action == "evict" and not evicting
-            else None
-        )
-        decision, settled = final(decision, Facts(evicting=evicting, recheck=recheck))
-        record.update(settled)
-        mark = marks.reason(
-            f"{event.cause} {event.node}",
-            f"+{event.slowdown_pct:.1f}% {decision.action}",
-            decision_id,
-            self.executor.deployment or "",
-        )
-        log.info(  # once, the final verdict
+        log.info(  # once, the verdict
             "service.decision",
             decision_id=decision_id,
             job_id=job.job_id,
@@ -356,126 +339,46 @@ class Service:
             action=decision.action,
             reasons=decision.reasons,
         )
-        if decision.action == "evict":
-            self._close_waiting(job, f"superseded by {decision_id}")
-            record.update(self._annotate(job, mark, policy))  # saved with the eviction
-            outcome = self._evict(decision_id, job, event.node, record, now)
-            self._value.evicted(job.job_id, decision, outcome)
-            self.metrics.decision_seconds.observe(max(0.0, self.clock() - event.ts))
-            return {"id": decision_id, "action": "evict", "outcome": outcome}
-        if decision.action == "wait" or decision.on_hold:
-            waiting = self._waiting(job)
-            if waiting:  # one waiting decision per job; its clock (max_wait_s) is not reset
-                extra = with_candidate(self.state.decision(waiting), event)
-                if extra is not None:
-                    self.state.save_decision(waiting, {"candidates": extra})
-                return {"id": waiting, "action": "wait", "reasons": ["still waiting"]}
-            # On hold (a pause, the breaker): acted on in the first cycle after they lift.
-            for_what = {"waiting_for": "resume"} if decision.on_hold else {}
-            self.state.save_decision(
-                decision_id, {**record, **for_what, "state": "waiting", "action": "wait"}
-            )
-            self.state.update_job(job.job_id, waiting=decision_id, waiting_since=f"{now:.3f}")
-            if decision.on_hold:
-                self._annotated(decision_id, job, mark, policy)
-            return {"id": decision_id, "action": "wait", "reasons": decision.reasons}
-        self.state.save_decision(
-            decision_id, {**record, "state": "recorded", "action": decision.action}
+        done = self._decisions.carry_out(effects, job, policy, now, base, evidence)
+        if done:
+            return done[-1]
+        waiting = state.decision_id if state is not None else decision_id
+        return {"id": waiting, "action": "wait", "reasons": ["still waiting"]}
+
+    def _world(
+        self, job: JobInfo, policy: Policy, nodes: tuple[NodeInfo, ...], now: float
+    ) -> lifecycle.World:
+        """The facts of now about ``job``, for the decision lifecycle."""
+        return lifecycle.World(
+            job,
+            policy,
+            self._context(job),
+            self._cluster(nodes, now),
+            now,
+            probe(self._detector_of, job, policy.detection.min_slowdown_pct),
+            evicting=self._decisions.evicting(job.job_id),
         )
-        if decision.action == "annotate":
-            self._annotated(decision_id, job, mark, policy)
-        return {"id": decision_id, "action": decision.action, "reasons": decision.reasons}
+
+    def _tick(
+        self, job: JobInfo, nodes: tuple[NodeInfo, ...], now: float, report: CycleReport
+    ) -> None:
+        """The job's waiting decision decided again if what it waits for came."""
+        held = self._decisions.waiting(job)
+        if held is None:
+            return
+        policy = self.policy_for(job)
+        _, effects = lifecycle.tick(held, self._world(job, policy, nodes, now))
+        report.decisions += [
+            d
+            for d in self._decisions.carry_out(effects, job, policy, now)
+            if d.get("action") == "evict"
+        ]
 
     def _node_incidents(self, node: str, job: JobInfo, now: float) -> int:
         """Other jobs that saw ``node`` slow within the persistence window (the goodput
         rule's prior that a slowdown there is a fault)."""
         params = self.rails.persistence.params()
         return other_jobs(self.state.node_history(node), self._identities.token(job), now, params)
-
-    def _evicting(self, job_id: str) -> bool:
-        """An eviction of this job is still open (its outcome not yet known)."""
-        return any(
-            d.get("job_id") == job_id and d.get("action") == "evict" and d.get("state") != "waiting"
-            for d in self.state.open_decisions()
-        )
-
-    def _waiting(self, job: JobInfo) -> str | None:
-        """The job's open waiting decision, if any."""
-        decision_id = self.state.job(job.job_id).get("waiting")
-        if decision_id and self.state.decision(decision_id).get("state") == "waiting":
-            return decision_id
-        return None
-
-    def _close_waiting(self, job: JobInfo, why: str) -> None:
-        """End the job's waiting decision (never left open)."""
-        waiting = self._waiting(job)
-        if waiting:
-            self.state.save_decision(
-                waiting, {"state": "recorded", "decision": "none", "note": why}
-            )
-        self.state.update_job(job.job_id, waiting="", waiting_since="")
-
-    def _evict(
-        self, decision_id: str, job: JobInfo, node: str, record: dict[str, Any], now: float
-    ) -> str:
-        """Count the eviction (before acting: a crash mid-eviction must not allow one more than
-        the policy's maximum), then requeue the job without ``node``. A job Slurm would not
-        let us mark is never evicted: without our mark nothing could tell our hold from
-        another's, or undo it, after a restart that lost Redis."""
-        if record.get("mark_refused"):
-            self.state.save_decision(
-                decision_id,
-                {
-                    **record,
-                    "state": "failed",
-                    "action": "evict",
-                    "job_id": job.job_id,
-                    "node": node,
-                    "error": f"not evicted: Slurm refused our mark on the job. {MARK_HINT}",
-                },
-            )
-            self.metrics.actions.labels(action="evict", outcome="failed").inc()
-            return "failed"
-        self.state.update_job(
-            job.job_id,
-            evictions=self._context(job).evictions + 1,
-            last_eviction_ts=f"{now:.3f}",
-            waiting="",
-        )
-        outcome = self.executor.evict(decision_id, job, node, record)
-        self.metrics.actions.labels(action="evict", outcome=outcome).inc()
-        return outcome
-
-    def _annotate(self, job: JobInfo, text: str, policy: Policy) -> dict[str, str]:
-        """Our mark on the job (when the policy notifies by comment), read back; the fields
-        for its decision when Slurm does not show it."""
-        if (
-            self.dry_run
-            or policy.actions.mode in {"off", "observe"}  # observe writes nothing to Slurm
-            or policy.actions.notify != "comment"
-        ):
-            log.info("service.notify", job_id=job.job_id, text=text, notify=policy.actions.notify)
-            return {}
-        try:
-            outcome = self.executor.annotate(job, text)
-        except StragglerError as exc:
-            if "permission denied" in str(exc).lower():  # Slurm answered: not ours to mark
-                log.error(  # noqa: TRY400 - a refusal Slurm answered: no traceback to show
-                    "service.mark_refused", job_id=job.job_id, error=str(exc), hint=MARK_HINT
-                )
-                return {"annotated": f"refused: {exc}"[:200], "mark_refused": "yes"}
-            outcome = f"failed: {exc}"
-        if outcome == "verified":
-            return {}
-        # Read back: the decision says its mark is not on the job.
-        log.warning("service.annotate_unconfirmed", job_id=job.job_id, outcome=outcome)
-        return {"annotated": outcome[:200]}
-
-    def _annotated(self, decision_id: str, job: JobInfo, text: str, policy: Policy) -> None:
-        """:meth:`_annotate` for a decision already saved: what Slurm showed goes into it."""
-        unconfirmed = self._annotate(job, text, policy)
-        if unconfirmed:
-            self.state.save_decision(decision_id, unconfirmed)
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, *, once: bool = False, stop: threading.Event | None = None) -> CycleReport:

@@ -11,10 +11,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from slurm_plugin.detection import StragglerEvent
 from slurm_plugin.detection.recheck import tail_slowdown_pct
 from slurm_plugin.model.cluster import NodeInfo
-from slurm_plugin.policy.verdict import UNKNOWN
-from slurm_plugin.service.waiting import Recheck
+from slurm_plugin.policy.verdict import UNKNOWN, recheck
+from slurm_plugin.service.waiting import probe
 from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.test_control_loop import Loop, make_loop, publish, running_job
 
@@ -63,5 +64,9 @@ def test_a_recheck_without_a_detector_is_unknown() -> None:
 
     policy = load_policy(REPO / "policies" / "evict.toml")
     clock = FakeClock()
-    recheck = Recheck(lambda _job_id: None)
-    assert recheck.recovered(running_job(clock), "node3", policy) == UNKNOWN
+    job = running_job(clock)
+    check = probe(lambda _job_id: None, job, policy.detection.min_slowdown_pct)
+    event = StragglerEvent(job.job_id, "node3", None, [2], 4, 0.0, 1.0, 80.0, "compute", "gpu")
+    slowdown = check(event, event.step)
+    assert slowdown is None
+    assert recheck(event.node, slowdown, policy.detection.min_slowdown_pct) == UNKNOWN

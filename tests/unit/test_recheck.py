@@ -11,7 +11,8 @@ import pytest
 from slurm_plugin.detection import StragglerEvent
 from slurm_plugin.detection.recheck import recent_slowdown_pct, tail_slowdown_pct
 from slurm_plugin.model.records import StepRecord
-from slurm_plugin.service.waiting import candidates, with_candidate
+from slurm_plugin.policy.lifecycle import Candidate, Waiting
+from slurm_plugin.service.waiting import candidates_field, event_fields, waiting_of
 
 
 def _records(slow: dict[int, float], steps: range, attempt: int = 0) -> list[StepRecord]:
@@ -60,15 +61,36 @@ def _event(node: str, ranks: list[int]) -> StragglerEvent:
     return StragglerEvent("5", node, None, ranks, 40, 0.0, 1.0, 80.0, "compute", "node")
 
 
-def test_a_waiting_decision_collects_each_flagged_node_once() -> None:
-    """The decision's own node comes first; a node flagged again is not added twice."""
-    rec = {"node": "node3", "ranks": "[4, 5]"}
-    extra = with_candidate(rec, _event("node1", [0]))
-    assert extra == [{"node": "node1", "ranks": [0]}]
-    rec["candidates"] = json.dumps(extra)
-    assert with_candidate(rec, _event("node3", [4])) is None
-    assert with_candidate(rec, _event("node1", [1])) is None
-    assert candidates(rec) == [("node3", [4, 5]), ("node1", [0])]
+def test_a_waiting_decision_keeps_its_candidates_through_its_record() -> None:
+    """The lifecycle's waiting state survives the record: the decision's own event first,
+    each node flagged after it with its own event and incidents; a record of 0.1 (candidates
+    as node and ranks only) still reads, each candidate on the first event's numbers."""
+    first = _event("node3", [4, 5])
+    joined = replace(_event("node1", [0]), slowdown_pct=33.0, since_ts=12.0)
+    state = Waiting("d1", (Candidate(first, 0), Candidate(joined, 2)), 100.0)
+    rec = {
+        "state": "waiting",
+        "node": "node3",
+        "ranks": "[4, 5]",
+        "job_id": "5",
+        "step": "40",
+        "slowdown_pct": "80.0",
+        "event": json.dumps(event_fields(first)["event"]),
+        "candidates": json.dumps(candidates_field(state)),
+    }
+    back = waiting_of("d1", rec, 100.0)
+    assert back is not None
+    assert back.nodes() == ["node3", "node1"]
+    assert back.candidates[1].event.slowdown_pct == pytest.approx(33.0)
+    assert back.candidates[1].event.since_ts == pytest.approx(12.0)
+    assert back.candidates[1].node_incidents == 2
+    assert back.event.ranks == [4, 5]
+    old = {**rec, "candidates": json.dumps([{"node": "node1", "ranks": [0]}])}
+    del old["event"]
+    back = waiting_of("d1", old, None)
+    assert back is not None
+    assert back.candidates[1].event.slowdown_pct == pytest.approx(80.0)
+    assert waiting_of("d1", {**rec, "state": "recorded"}, 100.0) is None
 
 
 @pytest.mark.parametrize(
@@ -82,10 +104,11 @@ def test_a_waiting_decision_collects_each_flagged_node_once() -> None:
 def test_a_malformed_record_keeps_its_own_node(broken: dict[str, str]) -> None:
     """Unreadable ranks or candidates (a hand-edited or truncated record) never raise: the
     decision's node stays the one candidate, with the ranks that are integers."""
-    found = candidates(broken)
-    assert found[0][0] == "node3"
-    assert all(isinstance(r, int) for r in found[0][1])
-    assert len(found) == 1
+    found = waiting_of("d1", {**broken, "state": "waiting", "slowdown_pct": "x"}, None)
+    assert found is not None
+    assert found.event.node == "node3"
+    assert all(isinstance(r, int) for r in found.event.ranks)
+    assert len(found.candidates) == 1
 
 
 def test_a_recent_shift_is_measured_from_where_it_was_flagged() -> None:

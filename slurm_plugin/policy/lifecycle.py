@@ -1,0 +1,294 @@
+"""The life of a decision about one job, as one pure state machine: the service carries out
+its effects on Redis and Slurm, the backtest carries out the same effects in memory, so the
+two can never again decide differently around the same verdict.
+
+A job is either *idle* (``None``) or has one decision :class:`Waiting`. Two inputs drive it:
+
+- :func:`detected`: the detector reported a straggler. The policy's verdict (:func:`decide`)
+  with the facts after it (:func:`~slurm_plugin.policy.verdict.final`: an eviction already in
+  progress, the re-check of the node) says evict, wait, annotate or nothing. While a decision
+  waits, a new detection of another node joins it as a *candidate*; an eviction supersedes it.
+- :func:`tick`: a service cycle (a point on the trace's clock). A waiting decision is decided
+  again when what it waits for came: the job's checkpoint or ``max_wait_s`` (``checkpoint``),
+  a pause or the breaker lifted (``resume``), a re-check that had nothing to look at
+  (``recheck``, the next cycle). Of its candidates, the one slowest in the newest steps is
+  decided on again, as if the job reported no checkpoints, on the candidate's own event.
+
+The job ending closes a waiting decision (:func:`ended`). Every eviction, waited or not, is
+one :class:`Evict` effect carrying the verdict it was decided on, so what it saves and costs
+reaches the same accounting on both paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal, Protocol
+
+from slurm_plugin.detection.events import StragglerEvent
+from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.policy.decide import ClusterContext, Decision, JobContext, decide
+from slurm_plugin.policy.schema import Policy
+from slurm_plugin.policy.verdict import UNKNOWN, Facts, final, recheck
+
+WaitingFor = Literal["checkpoint", "resume", "recheck"]
+#: What an eviction came after: the detection itself, or what its waiting decision waited for.
+After = Literal["detection", "checkpoint", "max wait", "resume", "recheck"]
+
+
+class Recheck(Protocol):
+    """The re-check (detection/recheck.py): how much slower ``event``'s node (its straggling
+    ranks) is than its peers in the job's newest steps from ``since_step`` on, in %; None:
+    unknown, nothing of the node to look at (never "recovered")."""
+
+    def __call__(self, event: StragglerEvent, since_step: int) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A node flagged while its job's decision waits: its own event, and how many other jobs
+    had seen it slow then (the verdict's prior that it is a fault)."""
+
+    event: StragglerEvent
+    node_incidents: int = 0
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A job's decision that waits: for what, since when, on which event and candidates (the
+    original event's node first)."""
+
+    decision_id: str
+    candidates: tuple[Candidate, ...]
+    since: float
+    waiting_for: WaitingFor = "checkpoint"
+
+    @property
+    def event(self) -> StragglerEvent:
+        """The event the decision was first taken on."""
+        return self.candidates[0].event
+
+    def nodes(self) -> list[str]:
+        return [c.event.node for c in self.candidates]
+
+
+@dataclass(frozen=True)
+class World:
+    """The facts of now, as the caller gathered them."""
+
+    job: JobInfo
+    policy: Policy
+    ctx: JobContext
+    cluster: ClusterContext
+    now: float
+    recheck: Recheck
+    #: An eviction of this job is still open (its outcome not yet known).
+    evicting: bool = False
+
+
+# -- effects --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Record:
+    """Save a new decision: recorded (``annotate`` puts our mark on the job), or waiting."""
+
+    decision_id: str
+    event: StragglerEvent
+    decision: Decision
+    state: Literal["recorded", "waiting"]
+    extra: dict[str, object] = field(default_factory=dict)
+    annotate: bool = False
+    node_incidents: int = 0
+
+
+@dataclass(frozen=True)
+class Joined:
+    """A node flagged while the job's decision waits joined it as a candidate."""
+
+    decision_id: str
+    candidate: Candidate
+    waiting: Waiting
+
+
+@dataclass(frozen=True)
+class Rechecking:
+    """The waiting decision's re-check had nothing to look at: decided again next cycle."""
+
+    decision_id: str
+
+
+@dataclass(frozen=True)
+class Missed:
+    """The job's checkpoint did not come within ``max_wait_s``: it is decided on as if it
+    reported none until its next one."""
+
+    now: float
+
+
+@dataclass(frozen=True)
+class Close:
+    """End the job's waiting decision without an eviction (``note``: superseded or ended)."""
+
+    decision_id: str
+    reasons: tuple[str, ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Evict:
+    """Requeue the job without ``nodes``, on ``decision`` about ``event``."""
+
+    decision_id: str
+    event: StragglerEvent
+    decision: Decision
+    nodes: tuple[str, ...]
+    after: After
+    #: When the slowdown acted on was first detected (detection to action: the latency).
+    detected_ts: float
+    node_incidents: int = 0
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+Effect = Record | Joined | Rechecking | Missed | Close | Evict
+
+
+def _verdict(
+    event: StragglerEvent, world: World, ctx: JobContext
+) -> tuple[Decision, dict[str, object]]:
+    """The policy's decision, then the facts after it (an eviction in progress, the
+    re-check of the node from the step it was flagged at)."""
+    decision = decide(event, world.job, world.policy, ctx, world.cluster, world.now)
+    if decision.action != "evict":
+        return decision, {}
+    evicting = world.evicting
+    fact = None
+    if not evicting:
+        slowdown = world.recheck(event, event.step)
+        fact = recheck(event.node, slowdown, world.policy.detection.min_slowdown_pct)
+    return final(decision, Facts(evicting=evicting, recheck=fact))
+
+
+def detected(
+    state: Waiting | None,
+    event: StragglerEvent,
+    node_incidents: int,
+    decision_id: str,
+    world: World,
+) -> tuple[Waiting | None, list[Effect], Decision]:
+    """A straggler ``event`` on the job, ``decision_id`` the id a new decision takes."""
+    ctx = replace(world.ctx, node_incidents=node_incidents)
+    decision, settled = _verdict(event, world, ctx)
+    if decision.action == "evict":
+        effects: list[Effect] = []
+        if state is not None:
+            effects.append(Close(state.decision_id, note=f"superseded by {decision_id}"))
+        nodes = (event.node,)
+        evict = Evict(
+            decision_id, event, decision, nodes, "detection", event.ts, node_incidents, settled
+        )
+        effects.append(evict)
+        return None, effects, decision
+    if decision.action == "wait" or decision.on_hold:
+        if state is not None:  # one waiting decision per job; its clock is not reset
+            if event.node in state.nodes():
+                return state, [], decision
+            joined = Candidate(event, node_incidents)
+            state = replace(state, candidates=(*state.candidates, joined))
+            return state, [Joined(state.decision_id, joined, state)], decision
+        waiting_for: WaitingFor = "resume" if decision.on_hold else "checkpoint"
+        if settled.get("waiting_for") == "recheck":
+            waiting_for = "recheck"
+        state = Waiting(decision_id, (Candidate(event, node_incidents),), world.now, waiting_for)
+        extra = {**settled, "waiting_for": waiting_for}
+        record = Record(
+            decision_id, event, decision, "waiting", extra, decision.on_hold, node_incidents
+        )
+        return state, [record], decision
+    annotate = decision.action == "annotate"
+    record = Record(decision_id, event, decision, "recorded", settled, annotate, node_incidents)
+    return state, [record], decision
+
+
+def _due(state: Waiting, world: World) -> After | None:
+    """What the waiting decision waited for, if it came by now."""
+    if state.waiting_for == "resume":
+        return None if world.cluster.paused or world.cluster.breaker_open else "resume"
+    if state.waiting_for == "recheck":
+        return "recheck"
+    if (world.ctx.last_checkpoint_ts or 0.0) >= state.since:
+        return "checkpoint"
+    if world.now - state.since >= world.policy.actions.max_wait_s:
+        return "max wait"
+    return None
+
+
+def slowest(state: Waiting, world: World) -> Candidate:
+    """Of the waiting decision's candidates, the one slowest in the newest steps since the
+    original event's step (the first when none shows any)."""
+    since = state.event.step
+
+    def slowdown(c: Candidate) -> float:
+        found = world.recheck(c.event, since)
+        return float("-inf") if found is None else found
+
+    return max(state.candidates, key=slowdown)
+
+
+def tick(state: Waiting | None, world: World) -> tuple[Waiting | None, list[Effect]]:
+    """A cycle: decide a waiting decision again if what it waits for came."""
+    if state is None:
+        return None, []
+    after = _due(state, world)
+    if after is None:
+        return state, []
+    effects: list[Effect] = []
+    if after == "max wait":
+        effects.append(Missed(world.now))
+    chosen = slowest(state, world)
+    # Decided again on the chosen node's own event, flagged at the original step, now.
+    event = replace(chosen.event, ts=world.now, step=state.event.step)
+    ctx = replace(world.ctx, reports_checkpoints=False, node_incidents=chosen.node_incidents)
+    again, settled = _verdict(event, world, ctx)
+    if settled.get("waiting_for") == "recheck":  # still nothing to re-check on: wait on
+        if state.waiting_for != "recheck":
+            effects.append(Rechecking(state.decision_id))
+        return replace(state, waiting_for="recheck"), effects
+    if again.action != "evict":
+        return None, [*effects, Close(state.decision_id, tuple(again.reasons))]
+    evict = Evict(
+        state.decision_id,
+        event,
+        again,
+        (event.node,),
+        after,
+        state.event.ts,
+        chosen.node_incidents,
+        settled,
+    )
+    return None, [*effects, evict]
+
+
+def ended(state: Waiting | None, why: str) -> tuple[None, list[Effect]]:
+    """The job stopped running: its waiting decision closes."""
+    if state is None:
+        return None, []
+    return None, [Close(state.decision_id, note=why)]
+
+
+__all__ = [
+    "UNKNOWN",
+    "After",
+    "Candidate",
+    "Close",
+    "Effect",
+    "Evict",
+    "Joined",
+    "Missed",
+    "Recheck",
+    "Rechecking",
+    "Record",
+    "Waiting",
+    "World",
+    "detected",
+    "ended",
+    "slowest",
+    "tick",
+]

@@ -1,0 +1,265 @@
+"""The service carries out the decision lifecycle's effects (policy/lifecycle.py) on Redis
+and Slurm: a decision recorded or waiting, a candidate joined, a waiting decision closed,
+an eviction (counted, marked, requeued, valued, timed). The backtest carries out the same
+effects in memory (replay.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import structlog
+
+from slurm_plugin.errors import StragglerError
+from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.policy.lifecycle import (
+    Close,
+    Effect,
+    Evict,
+    Joined,
+    Missed,
+    Rechecking,
+    Record,
+    Waiting,
+)
+from slurm_plugin.policy.schema import Policy
+from slurm_plugin.service.executor import Executor
+from slurm_plugin.service.metrics import Metrics
+from slurm_plugin.service.record import decision_record, job_context
+from slurm_plugin.service.state import ServiceState
+from slurm_plugin.service.value import Value
+from slurm_plugin.service.waiting import candidates_field, event_fields, waiting_of
+from slurm_plugin.slurm import marks
+
+log = structlog.get_logger(__name__)
+
+#: What an operator reads when Slurm refuses our mark on a job (AdminComment).
+MARK_HINT = (
+    "Our marks live in the job's AdminComment, which only a Slurm administrator may set: "
+    "grant the service account AdminLevel=Admin (docs/deploy.md, The service account)"
+)
+#: Fields of a waited eviction's record that stay as the first decision found them.
+_KEPT = {"hardware_evidence", "job_reported_gpu"}
+
+
+class Decisions:
+    """Carries out the lifecycle's effects for one service."""
+
+    def __init__(
+        self,
+        state: ServiceState,
+        executor: Executor,
+        metrics: Metrics,
+        value: Value,
+        clock: Callable[[], float],
+        *,
+        dry_run: bool = False,
+    ) -> None:
+        self.state = state
+        self.executor = executor
+        self.metrics = metrics
+        self.value = value
+        self.clock = clock
+        self.dry_run = dry_run
+
+    # -- the lifecycle's state -----------------------------------------------------------
+    def waiting(self, job: JobInfo) -> Waiting | None:
+        """The job's open waiting decision, as the lifecycle's state (None: idle)."""
+        job_state = self.state.job(job.job_id)
+        decision_id = job_state.get("waiting")
+        if not decision_id:
+            return None
+        since = job_context(job_state).waiting_since
+        return waiting_of(decision_id, self.state.decision(decision_id), since)
+
+    def evicting(self, job_id: str) -> bool:
+        """An eviction of this job is still open (its outcome not yet known)."""
+        return any(
+            d.get("job_id") == job_id and d.get("action") == "evict" and d.get("state") != "waiting"
+            for d in self.state.open_decisions()
+        )
+
+    # -- effects ---------------------------------------------------------------------------
+    def carry_out(
+        self,
+        effects: Iterable[Effect],
+        job: JobInfo,
+        policy: Policy,
+        now: float,
+        base: dict[str, Any] | None = None,
+        evidence: tuple[list[str], list[str]] = ([], []),
+    ) -> list[dict[str, Any]]:
+        """Each effect, in order; what was done, for the cycle's report. ``base`` and
+        ``evidence``: the new decision's record fields (its job, policy, detection) and the
+        hardware evidence the service found for it."""
+        done: list[dict[str, Any]] = []
+        for effect in effects:
+            if isinstance(effect, Record):
+                record = {
+                    **(base or {}),
+                    **decision_record(
+                        effect.event, effect.decision, *evidence, effect.node_incidents
+                    ),
+                    **event_fields(effect.event),
+                    **effect.extra,
+                }
+                waits = effect.state == "waiting"
+                action = "wait" if waits else effect.decision.action
+                self.state.save_decision(
+                    effect.decision_id, {**record, "state": effect.state, "action": action}
+                )
+                if waits:
+                    self.state.update_job(
+                        job.job_id, waiting=effect.decision_id, waiting_since=f"{now:.3f}"
+                    )
+                if effect.annotate:
+                    self._annotated(effect.decision_id, job, self._mark(effect), policy)
+                done.append(
+                    {"id": effect.decision_id, "action": action, "reasons": effect.decision.reasons}
+                )
+            elif isinstance(effect, Joined):
+                self.state.save_decision(
+                    effect.decision_id, {"candidates": candidates_field(effect.waiting)}
+                )
+            elif isinstance(effect, Rechecking):
+                self.state.save_decision(effect.decision_id, {"waiting_for": "recheck"})
+            elif isinstance(effect, Missed):
+                # Decided on as if the job reported no checkpoints until its next one.
+                self.state.update_job(job.job_id, wait_expired_ts=f"{effect.now:.3f}")
+            elif isinstance(effect, Close):
+                self._close(job, effect)
+            else:
+                done.append(self._evict(effect, job, policy, now, base, evidence))
+        return done
+
+    def _close(self, job: JobInfo, effect: Close) -> None:
+        fields: dict[str, Any] = {"state": "recorded", "decision": "none"}
+        if effect.reasons:
+            fields["reasons"] = list(effect.reasons)
+            log.info(
+                "service.decision",
+                decision_id=effect.decision_id,
+                job_id=job.job_id,
+                action="none",
+                reasons=list(effect.reasons),
+            )
+        if effect.note:
+            fields["note"] = effect.note
+        self.state.save_decision(effect.decision_id, fields)
+        self.state.update_job(job.job_id, waiting="", waiting_since="")
+
+    def _mark(self, effect: Record | Evict) -> str:
+        event = effect.event
+        action = "evict" if isinstance(effect, Evict) else effect.decision.action
+        return marks.reason(
+            f"{event.cause} {event.node}",
+            f"+{event.slowdown_pct:.1f}% {action}",
+            effect.decision_id,
+            self.executor.deployment or "",
+        )
+
+    def _evict(
+        self,
+        effect: Evict,
+        job: JobInfo,
+        policy: Policy,
+        now: float,
+        base: dict[str, Any] | None,
+        evidence: tuple[list[str], list[str]],
+    ) -> dict[str, Any]:
+        """Mark the job, count the eviction (before acting: a crash mid-eviction must not
+        allow one more than the policy's maximum), requeue it without the nodes; then what it
+        spent and is expected to save, and how long it took from the detection."""
+        decision = effect.decision
+        record = {
+            **(base or {}),
+            **decision_record(effect.event, decision, *evidence, effect.node_incidents),
+            **event_fields(effect.event),
+            **effect.extra,
+        }
+        if effect.after != "detection":  # a waited decision keeps what was first found
+            record = {k: v for k, v in record.items() if k not in _KEPT}
+            record["after"] = effect.after
+            log.info(
+                "service.decision",
+                decision_id=effect.decision_id,
+                job_id=job.job_id,
+                node=effect.event.node,
+                action="evict",
+                reasons=decision.reasons,
+                after=effect.after,
+            )
+        record.update(self._annotate(job, self._mark(effect), policy))  # saved with it
+        outcome = self._requeue(effect.decision_id, job, effect.nodes, record, now)
+        self.value.evicted(job.job_id, decision, outcome)
+        self.metrics.decision_seconds.observe(max(0.0, self.clock() - effect.detected_ts))
+        return {"id": effect.decision_id, "action": "evict", "outcome": outcome}
+
+    def _requeue(
+        self,
+        decision_id: str,
+        job: JobInfo,
+        nodes: tuple[str, ...],
+        record: dict[str, Any],
+        now: float,
+    ) -> str:
+        """A job Slurm would not let us mark is never evicted: without our mark nothing could
+        tell our hold from another's, or undo it, after a restart that lost Redis."""
+        if record.get("mark_refused"):
+            self.state.save_decision(
+                decision_id,
+                {
+                    **record,
+                    "state": "failed",
+                    "action": "evict",
+                    "job_id": job.job_id,
+                    "node": nodes[0],
+                    "error": f"not evicted: Slurm refused our mark on the job. {MARK_HINT}",
+                },
+            )
+            self.metrics.actions.labels(action="evict", outcome="failed").inc()
+            return "failed"
+        evictions = job_context(self.state.job(job.job_id)).evictions
+        self.state.update_job(
+            job.job_id,
+            evictions=evictions + 1,
+            last_eviction_ts=f"{now:.3f}",
+            waiting="",
+            waiting_since="",
+        )
+        outcome = self.executor.evict(decision_id, job, nodes, record)
+        self.metrics.actions.labels(action="evict", outcome=outcome).inc()
+        return outcome
+
+    def _annotate(self, job: JobInfo, text: str, policy: Policy) -> dict[str, str]:
+        """Our mark on the job (when the policy notifies by comment), read back; the fields
+        for its decision when Slurm does not show it."""
+        if (
+            self.dry_run
+            or policy.actions.mode in {"off", "observe"}  # observe writes nothing to Slurm
+            or policy.actions.notify != "comment"
+        ):
+            log.info("service.notify", job_id=job.job_id, text=text, notify=policy.actions.notify)
+            return {}
+        try:
+            outcome = self.executor.annotate(job, text)
+        except StragglerError as exc:
+            if "permission denied" in str(exc).lower():  # Slurm answered: not ours to mark
+                log.error(  # noqa: TRY400 - a refusal Slurm answered: no traceback to show
+                    "service.mark_refused", job_id=job.job_id, error=str(exc), hint=MARK_HINT
+                )
+                return {"annotated": f"refused: {exc}"[:200], "mark_refused": "yes"}
+            outcome = f"failed: {exc}"
+        if outcome == "verified":
+            return {}
+        # Read back: the decision says its mark is not on the job.
+        log.warning("service.annotate_unconfirmed", job_id=job.job_id, outcome=outcome)
+        return {"annotated": outcome[:200]}
+
+    def annotated(self, decision_id: str, job: JobInfo, text: str, policy: Policy) -> None:
+        """:meth:`_annotate` for a decision already saved: what Slurm showed goes into it."""
+        unconfirmed = self._annotate(job, text, policy)
+        if unconfirmed:
+            self.state.save_decision(decision_id, unconfirmed)
+
+    _annotated = annotated

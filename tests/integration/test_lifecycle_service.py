@@ -1,0 +1,77 @@
+"""The decision lifecycle (policy/lifecycle.py) as the service carries it out: a waited
+eviction is valued and timed like any other, on the verdict it was decided on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from slurm_plugin.testing import FakeClock, FakeScheduler
+from tests.integration.test_control_loop import (
+    NODES,
+    Loop,
+    _flag_while_waiting_for_a_checkpoint,
+    _run,
+    make_loop,
+    running_job,
+)
+
+__all__ = ["make_loop"]  # the fixture, shared with the control loop's tests
+
+
+class _Recorder:
+    """A metric that keeps what it was given (a counter's increments, a histogram's
+    observations), whatever its labels."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def labels(self, **_labels: Any) -> _Recorder:
+        return self
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.values.append(amount)
+
+    def observe(self, value: float) -> None:
+        self.values.append(value)
+
+
+def test_a_waited_eviction_reaches_the_value_metrics_and_the_latency(
+    make_loop: Callable[..., Loop],
+) -> None:
+    """node3 flagged while job 5 waits for its checkpoint, still slow when it comes: the
+    eviction after the checkpoint counts the GPU-hours it spends and expects to save, and its
+    latency from the first detection, once each; its record holds the verdict it was taken
+    on (saved and cost), with the hardware evidence the first decision found."""
+    clock = FakeClock()
+    slurm = FakeScheduler([running_job(clock)], NODES)
+    loop = make_loop(slurm, clock, "a")
+    metrics = loop.service.metrics
+    spent, saved, latency = _Recorder(), _Recorder(), _Recorder()
+    metrics.gpu_hours_spent, metrics.gpu_hours_saved, metrics.decision_seconds = (
+        spent,
+        saved,
+        latency,
+    )
+    _flag_while_waiting_for_a_checkpoint(loop)
+    (waiting,) = loop.state.job_decisions("5")
+    detected = float(waiting["detected_ts"])
+    assert (spent.values, saved.values, latency.values) == ([], [], [])
+    _run(loop, 400, 5, {"node3": 2.0})
+    loop.store.publish("5", events=[{"name": "checkpoint_end", "ts": clock(), "step": 440}])
+    _run(loop, 450, 1, {"node3": 2.0})
+    decision = loop.state.decision(waiting["id"])
+    assert (decision["state"], decision["after"], decision["node"]) == (
+        "verified",
+        "checkpoint",
+        "node3",
+    )
+    assert len(spent.values) == len(saved.values) == len(latency.values) == 1
+    assert spent.values[0] > 0 and saved.values[0] > 0
+    assert latency.values[0] >= clock() - detected - 2  # from the first detection, not now
+    gpus = loop.service._value.gpus("5")
+    assert saved.values[0] * 3600 / gpus == pytest.approx(float(decision["saved_s"]), abs=0.1)
+    assert spent.values[0] * 3600 / gpus == pytest.approx(float(decision["cost_s"]), abs=0.1)
+    assert decision["hardware_evidence"] == waiting["hardware_evidence"]
