@@ -69,7 +69,8 @@ def test_a_waited_eviction_reaches_the_value_metrics_and_the_latency(
         "node3",
     )
     assert len(spent.values) == len(saved.values) == len(latency.values) == 1
-    assert spent.values[0] > 0 and saved.values[0] > 0
+    assert spent.values[0] > 0
+    assert saved.values[0] > 0
     assert latency.values[0] >= clock() - detected - 2  # from the first detection, not now
     gpus = loop.service._value.gpus("5")
     assert saved.values[0] * 3600 / gpus == pytest.approx(float(decision["saved_s"]), abs=0.1)

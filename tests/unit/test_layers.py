@@ -104,6 +104,50 @@ def wrong_arrows(graph: dict[str, set[str]]) -> list[str]:
     return wrong
 
 
+def _arrows(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``module -> modules it imports`` (``from a.b import c`` names a.b and a.b.c: only the
+    module, not the names imported from it)."""
+    out = {}
+    for source, targets in graph.items():
+        modules = targets & graph.keys()
+        out[source] = {t for t in modules if not any(o.startswith(f"{t}.") for o in modules)}
+    return out
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of modules that import each other, directly or around a circle, also inside
+    one package and also under ``TYPE_CHECKING`` (Tarjan's strongly connected components)."""
+    arrows = _arrows(graph)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(arrows.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            part = []
+            while True:
+                top = stack.pop()
+                part.append(top)
+                if top == module:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for module in sorted(arrows):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
 def reach(graph: dict[str, set[str]], start: str) -> set[str]:
     seen, todo = set(), [start]
     while todo:
@@ -124,6 +168,28 @@ def test_every_unit_has_a_layer() -> None:
 
 def test_imports_run_down_the_layers() -> None:
     assert wrong_arrows(import_graph()) == []
+
+
+def test_no_import_circles_anywhere() -> None:
+    """Two modules that import each other (the service's loop and its resume did) are one
+    module split at no seam; inside one package as much as between two."""
+    assert circles(import_graph()) == []
+
+
+def test_the_checker_sees_a_circle_inside_a_package(tmp_path: Path) -> None:
+    package = tmp_path / "slurm_plugin"
+    (package / "service").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "service" / "__init__.py").write_text("")
+    (package / "service" / "loop.py").write_text("from slurm_plugin.service.resume import r\n")
+    (package / "service" / "resume.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from slurm_plugin.service.loop import Service\n"
+    )
+    (package / "service" / "alone.py").write_text("from slurm_plugin.service import loop\n")
+    assert circles(import_graph(package)) == [
+        ["slurm_plugin.service.loop", "slurm_plugin.service.resume"]
+    ]
 
 
 @pytest.mark.parametrize("entry", PRODUCTION)
