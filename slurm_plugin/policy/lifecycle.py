@@ -14,13 +14,15 @@ A job is either *idle* (``None``) or has one decision :class:`Waiting`. Two inpu
   (``recheck``, the next cycle). Of its candidates, the one slowest in the newest steps is
   decided on again, as if the job reported no checkpoints, on the candidate's own event.
 
-The job ending closes a waiting decision (:func:`ended`). Every eviction, waited or not, is
+A job that stops running has its waiting decision closed by whoever holds it (the service's
+state, the end of the trace). Every eviction, waited or not, is
 one :class:`Evict` effect carrying the verdict it was decided on, so what it saves and costs
 reaches the same accounting on both paths.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
@@ -81,8 +83,9 @@ class World:
     cluster: ClusterContext
     now: float
     recheck: Recheck
-    #: An eviction of this job is still open (its outcome not yet known).
-    evicting: bool = False
+    #: An eviction of this job is still open (its outcome not yet known); asked only of a
+    #: verdict to evict, as the re-check is.
+    evicting: Callable[[], bool] = lambda: False
 
 
 # -- effects --------------------------------------------------------------------------------
@@ -104,7 +107,6 @@ class Joined:
     """A node flagged while the job's decision waits joined it as a candidate."""
 
     decision_id: str
-    candidate: Candidate
     waiting: Waiting
 
 
@@ -158,7 +160,7 @@ def _verdict(
     decision = decide(event, world.job, world.policy, ctx, world.cluster, world.now)
     if decision.action != "evict":
         return decision, {}
-    evicting = world.evicting
+    evicting = world.evicting()
     fact = None
     if not evicting:
         slowdown = world.recheck(event, event.step)
@@ -190,9 +192,9 @@ def detected(
         if state is not None:  # one waiting decision per job; its clock is not reset
             if event.node in state.nodes():
                 return state, [], decision
-            joined = Candidate(event, node_incidents)
-            state = replace(state, candidates=(*state.candidates, joined))
-            return state, [Joined(state.decision_id, joined, state)], decision
+            joined = (*state.candidates, Candidate(event, node_incidents))
+            state = replace(state, candidates=joined)
+            return state, [Joined(state.decision_id, state)], decision
         waiting_for: WaitingFor = "resume" if decision.on_hold else "checkpoint"
         if settled.get("waiting_for") == "recheck":
             waiting_for = "recheck"
@@ -266,13 +268,6 @@ def tick(state: Waiting | None, world: World) -> tuple[Waiting | None, list[Effe
     return None, [*effects, evict]
 
 
-def ended(state: Waiting | None, why: str) -> tuple[None, list[Effect]]:
-    """The job stopped running: its waiting decision closes."""
-    if state is None:
-        return None, []
-    return None, [Close(state.decision_id, note=why)]
-
-
 __all__ = [
     "UNKNOWN",
     "After",
@@ -288,7 +283,6 @@ __all__ = [
     "Waiting",
     "World",
     "detected",
-    "ended",
     "slowest",
     "tick",
 ]

@@ -5,7 +5,7 @@ effects in memory (replay.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import structlog
@@ -63,9 +63,9 @@ class Decisions:
         self.dry_run = dry_run
 
     # -- the lifecycle's state -----------------------------------------------------------
-    def waiting(self, job: JobInfo) -> Waiting | None:
-        """The job's open waiting decision, as the lifecycle's state (None: idle)."""
-        job_state = self.state.job(job.job_id)
+    def waiting(self, job_state: Mapping[str, str]) -> Waiting | None:
+        """The job's open waiting decision (``job_state``: its service state, as read this
+        cycle), as the lifecycle's state (None: idle)."""
         decision_id = job_state.get("waiting")
         if not decision_id:
             return None
@@ -95,14 +95,7 @@ class Decisions:
         done: list[dict[str, Any]] = []
         for effect in effects:
             if isinstance(effect, Record):
-                record = {
-                    **(base or {}),
-                    **decision_record(
-                        effect.event, effect.decision, *evidence, effect.node_incidents
-                    ),
-                    **event_fields(effect.event),
-                    **effect.extra,
-                }
+                record = _record(effect, base, evidence)
                 waits = effect.state == "waiting"
                 action = "wait" if waits else effect.decision.action
                 self.state.save_decision(
@@ -113,7 +106,7 @@ class Decisions:
                         job.job_id, waiting=effect.decision_id, waiting_since=f"{now:.3f}"
                     )
                 if effect.annotate:
-                    self._annotated(effect.decision_id, job, self._mark(effect), policy)
+                    self.annotated(effect.decision_id, job, self._mark(effect), policy)
                 done.append(
                     {"id": effect.decision_id, "action": action, "reasons": effect.decision.reasons}
                 )
@@ -171,12 +164,7 @@ class Decisions:
         allow one more than the policy's maximum), requeue it without the nodes; then what it
         spent and is expected to save, and how long it took from the detection."""
         decision = effect.decision
-        record = {
-            **(base or {}),
-            **decision_record(effect.event, decision, *evidence, effect.node_incidents),
-            **event_fields(effect.event),
-            **effect.extra,
-        }
+        record = _record(effect, base, evidence)
         if effect.after != "detection":  # a waited decision keeps what was first found
             record = {k: v for k, v in record.items() if k not in _KEPT}
             record["after"] = effect.after
@@ -262,4 +250,16 @@ class Decisions:
         if unconfirmed:
             self.state.save_decision(decision_id, unconfirmed)
 
-    _annotated = annotated
+
+def _record(
+    effect: Record | Evict, base: dict[str, Any] | None, evidence: tuple[list[str], list[str]]
+) -> dict[str, Any]:
+    """A decision's record: its job and detection (``base``), the event, the evidence and the
+    verdict with its numbers, and what the lifecycle settled beyond the verdict."""
+    event, decision = effect.event, effect.decision
+    return {
+        **(base or {}),
+        **decision_record(event, decision, *evidence, effect.node_incidents),
+        **event_fields(event),
+        **effect.extra,
+    }

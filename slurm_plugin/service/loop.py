@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from slurm_plugin.detection import DetectionParams, Detector, Event, StragglerEv
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy import lifecycle
-from slurm_plugin.policy.decide import ClusterContext, JobContext, is_slowdown
+from slurm_plugin.policy.decide import ClusterContext, is_slowdown
 from slurm_plugin.policy.history import other_jobs
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.service.decisions import Decisions
@@ -267,9 +267,6 @@ class Service:
         return self._detectors.setdefault(key, Detector(key[1]))
 
     # -- decisions ----------------------------------------------------------------------------
-    def _context(self, job: JobInfo) -> JobContext:
-        return job_context(self.state.job(job.job_id))
-
     def _cluster(self, nodes: tuple[NodeInfo, ...], now: float) -> ClusterContext:
         return ClusterContext(
             nodes=nodes,
@@ -326,8 +323,9 @@ class Service:
                 corroborated=bool(evidence[0]),
                 cluster_mode=self._policies.default.actions.mode,
             )
-        held = self._decisions.waiting(job)
-        world = self._world(job, policy, nodes, now)
+        job_state = self.state.job(job.job_id)
+        held = self._decisions.waiting(job_state)
+        world = self._world(job, job_state, policy, nodes, now)
         state, effects, decision = lifecycle.detected(held, event, past, decision_id, world)
         if is_slowdown(event, policy):
             self._value.straggling(event, decision)
@@ -346,28 +344,36 @@ class Service:
         return {"id": waiting, "action": "wait", "reasons": ["still waiting"]}
 
     def _world(
-        self, job: JobInfo, policy: Policy, nodes: tuple[NodeInfo, ...], now: float
+        self,
+        job: JobInfo,
+        job_state: Mapping[str, str],
+        policy: Policy,
+        nodes: tuple[NodeInfo, ...],
+        now: float,
     ) -> lifecycle.World:
-        """The facts of now about ``job``, for the decision lifecycle."""
+        """The facts of now about ``job`` (``job_state``: its service state, read once), for
+        the decision lifecycle; whether an eviction is open is looked up only if a verdict
+        to evict asks."""
         return lifecycle.World(
             job,
             policy,
-            self._context(job),
+            job_context(job_state),
             self._cluster(nodes, now),
             now,
             probe(self._detector_of, job, policy.detection.min_slowdown_pct),
-            evicting=self._decisions.evicting(job.job_id),
+            evicting=lambda: self._decisions.evicting(job.job_id),
         )
 
     def _tick(
         self, job: JobInfo, nodes: tuple[NodeInfo, ...], now: float, report: CycleReport
     ) -> None:
         """The job's waiting decision decided again if what it waits for came."""
-        held = self._decisions.waiting(job)
+        job_state = self.state.job(job.job_id)
+        held = self._decisions.waiting(job_state)
         if held is None:
             return
         policy = self.policy_for(job)
-        _, effects = lifecycle.tick(held, self._world(job, policy, nodes, now))
+        _, effects = lifecycle.tick(held, self._world(job, job_state, policy, nodes, now))
         report.decisions += [
             d
             for d in self._decisions.carry_out(effects, job, policy, now)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, get_args
 
 import structlog
 
@@ -21,7 +21,7 @@ from slurm_plugin.service.record import number
 
 log = structlog.get_logger(__name__)
 
-_WAITING_FOR: set[str] = {"checkpoint", "resume", "recheck"}
+_WAITING_FOR = set(get_args(WaitingFor))
 
 
 def probe(
@@ -58,11 +58,12 @@ def waiting_of(decision_id: str, rec: Mapping[str, str], since: float | None) ->
     one); records of 0.1 (no ``event``, candidates as node and ranks) still read."""
     if rec.get("state") != "waiting" or not rec.get("node"):
         return None
-    first = _event(rec, _json(rec.get("event"), {}), rec.get("node", ""), _ints(rec.get("ranks")))
+    saved = _json(rec.get("event"), {})
+    first = _event(rec, saved, rec.get("node", ""), _ints(rec.get("ranks")))
     found = [Candidate(first, int(number(rec.get("node_incidents")) or 0))]
     for item in _json(rec.get("candidates"), []):
         if isinstance(item, dict) and isinstance(item.get("node"), str):
-            event = _event(rec, _json(rec.get("event"), {}), item["node"], item)
+            event = _event(rec, saved, item["node"], item)
             found.append(Candidate(event, int(item.get("node_incidents") or 0)))
     raw = rec.get("waiting_for") or "checkpoint"
     waiting_for: WaitingFor = raw if raw in _WAITING_FOR else "checkpoint"  # type: ignore[assignment]
