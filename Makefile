@@ -12,14 +12,18 @@ APT_PACKAGES := slurmctld slurmd slurm-client munge libslurm-dev redis-server gc
 SYSTEM_PROGRAMS := munged slurmctld slurmd scontrol sinfo squeue sbatch scancel redis-server \
                    unshare hostname gcc openssl runuser slurmdbd sacctmgr mariadbd setpriv
 
-# Slurm releases tested for real by `make test-releases` (Debian suite:Slurm series), and the
-# tests run on each: the scheduler contract, eviction and drain through the service, SPANK.
+# Slurm releases tested for real by `make test-releases` (Debian suite:Slurm series), and what
+# runs on each: the tests marked `release` (the scheduler contract, the service's eviction and
+# drain, the prolog's drain, SPANK options, the requeue lever) -- what differs per release. The
+# host's own series is left out there: `make test` has just run every test on it.
 RELEASES ?= bookworm:22.05 trixie:24.11 sid:26.05
-RELEASE_TESTS ?= tests/unit/test_slurm_releases.py tests/integration/test_scheduler_contract.py \
+RELEASE_TESTS ?= -m release tests/integration/test_scheduler_contract.py \
                  tests/integration/test_cluster_harness.py tests/integration/test_service.py \
                  tests/integration/test_spank.py tests/integration/test_requeue_delay.py
+# The host's Slurm series (22.05 on Debian 12), or empty; HOST_SERIES= tests every release.
+HOST_SERIES ?= $(shell slurmd -V 2>/dev/null | sed -nE 's/^slurm(-wlm)? ([0-9]+\.[0-9]+).*/\2/p')
 
-.PHONY: install system-packages test-packages test test-gpu test-releases release demo lint cluster-up cluster-down clean
+.PHONY: install system-packages test-packages test test-unit test-redis test-cluster test-gpu test-releases release demo lint cluster-up cluster-down clean
 
 install: system-packages $(VENV)/.installed
 
@@ -43,16 +47,24 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e ".[torch,metrics,demo,arrow,nvml,lightning,hf]" --group dev
 	touch $@
 
-# Bring the local cluster up, run every test tier that this machine can run, and always bring
-# the cluster down again (also when tests fail). Exit status: pytest's (5 = no tests = failure).
+# Every test tier this machine can run (contrib/test/tiers): the unit and Redis tiers side by
+# side while the local cluster comes up, then the cluster tier; the cluster is always brought
+# down again, also when tests fail. Prints each tier's time and the slowest tests. Exit status:
+# the first failing tier's (pytest's 5, no tests, is a failure). Each tier also runs alone.
 test: install test-packages
-	@status=0; \
-	$(BIN)/straggler devcluster up --spank --accounting || status=$$?; \
-	if [ $$status -eq 0 ]; then \
-	  $(BIN)/python -m pytest $(PYTEST_ARGS) || status=$$?; \
-	fi; \
-	$(BIN)/straggler devcluster down || true; \
-	exit $$status
+	@contrib/test/tiers $(BIN) all $(PYTEST_ARGS)
+
+# Pure code and the shipped fakes; needs nothing.
+test-unit: install
+	@contrib/test/tiers $(BIN) unit $(PYTEST_ARGS)
+
+# The integration tests that need no Slurm (each starts its own redis-server).
+test-redis: install test-packages
+	@contrib/test/tiers $(BIN) redis $(PYTEST_ARGS)
+
+# The tests that need the dev cluster (brought up, and down after).
+test-cluster: install test-packages
+	@contrib/test/tiers $(BIN) cluster $(PYTEST_ARGS)
 
 # The checks that need an NVIDIA GPU (tests/gpu/check.py: the real NVML probe, the prolog's
 # GPU checks timed, DDP and FSDP2 with CUDA-event timing, the code-free mode), in their own
@@ -99,7 +111,11 @@ test-releases:
 	    --no-install-recommends debootstrap debian-archive-keyring iproute2; }
 	@failed=""; \
 	for r in $(RELEASES); do \
-	  contrib/releases/test-release "$${r%%:*}" "$${r##*:}" -q $(RELEASE_TESTS) || failed="$$failed $$r"; \
+	  if [ "$${r##*:}" = "$(HOST_SERIES)" ]; then \
+	    echo "test-releases: Slurm $${r##*:} is this host's; make test ran every test on it"; \
+	    continue; fi; \
+	  contrib/releases/test-release "$${r%%:*}" "$${r##*:}" -q --durations=5 $(RELEASE_TESTS) \
+	    || failed="$$failed $$r"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "test-releases: failed on$$failed" >&2; exit 1; fi
 

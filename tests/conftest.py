@@ -23,10 +23,16 @@ def pytest_report_header() -> str:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The folder's marker; and beyond the unit tier, ``cluster`` for a test that needs the dev
+    cluster (the ``cluster`` fixture, directly or through another), ``redis`` for one that
+    needs no Slurm (a redis-server of its own at most): contrib/test/tiers runs them apart."""
     for item in items:
         tier = Path(str(item.path)).parent.name
         if tier in _TIERS:
             item.add_marker(_TIERS[tier])
+        if tier != "unit":
+            needs_cluster = "cluster" in getattr(item, "fixturenames", ())
+            item.add_marker(pytest.mark.cluster if needs_cluster else pytest.mark.redis)
 
 
 @pytest.fixture(autouse=True)

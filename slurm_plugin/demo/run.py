@@ -74,10 +74,12 @@ def run_scenario(
     submit_args: Sequence[str] = (),
     job_env: Mapping[str, str] | None = None,
     until: Callable[[dict[str, str]], bool] | None = None,
+    policy_dir: Path = REPO / "policies",
 ) -> DemoRun:
     """Submit the job ``script`` (the demo's DDP job by default; ``submit_args`` and
-    ``job_env`` added) under ``policy``, slow node3 at step ``slow_at``, and wait for the end,
-    or until ``until(job record)`` holds (the job is then cancelled)."""
+    ``job_env`` added) under ``policy`` (from ``policy_dir``, the shipped ones by default),
+    slow node3 at step ``slow_at``, and wait for the end, or until ``until(job record)`` holds
+    (the job is then cancelled)."""
     url = cluster.redis_url.rsplit("/", 1)[0] + f"/{redis_db}"
     redis.Redis.from_url(url).flushdb()
     work.mkdir(parents=True, exist_ok=True)
@@ -87,7 +89,7 @@ def run_scenario(
         **os.environ,
         **cluster.env(),
         "STRAGGLER_REDIS_URL": url,
-        "STRAGGLER_SERVICE_POLICY_DIR": str(REPO / "policies"),
+        "STRAGGLER_SERVICE_POLICY_DIR": str(policy_dir),
         "STRAGGLER_SERVICE_INTERVAL_S": "1",
         "PYTHON": sys.executable,
         "CKPT_DIR": str(work / "ckpt"),
@@ -340,7 +342,10 @@ def summarize(run: DemoRun) -> dict[str, Any]:
         "onset_step": run.onset_step,
         "detection_step": int(detection["step"]) if detection else None,
         "alarms_before_onset": len(early),
-        "actions_before_onset": sorted({d.get("action", "") for d in early} - {"annotate"}),
+        # What changed the job or a node: an annotation is only a note, "none" not even that.
+        "actions_before_onset": sorted(
+            {d.get("action", "") for d in early} - {"annotate", "none"}
+        ),
         "detection_delay_steps": (
             int(detection["step"]) - run.onset_step
             if detection and run.onset_step is not None

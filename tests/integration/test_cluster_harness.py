@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from slurm_plugin.config import Settings, load_settings
+from slurm_plugin.config import load_settings
 from slurm_plugin.devcluster import DevCluster
-from slurm_plugin.slurm.scheduler import ScontrolScheduler
 from tests.integration.conftest import Slurm, wait_for
 
 
@@ -35,47 +34,7 @@ def test_two_node_job_runs_on_two_distinct_hosts(slurm: Slurm, job_dir: Path) ->
     assert record["ExitCode"] == "0:0"
 
 
-def test_requeuehold_exclude_release_moves_a_running_job(slurm: Slurm, job_dir: Path) -> None:
-    """The eviction sequence restarts a RUNNING job (Restarts=1) on nodes without node3."""
-    out = job_dir / "runs.out"
-    script = 'echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_NODELIST" >> ' + str(out) + "; sleep 300"
-    job = slurm.sbatch("-N3", "--requeue", f"--output={job_dir / 'job.log'}", "--wrap", script)
-    slurm.wait_job(job, "RUNNING")
-    assert "node3" in slurm.job_nodes(job)
-
-    slurm.run("scontrol", "requeuehold", job)
-    wait_for(lambda: slurm.job(job)["JobState"] == "PENDING", 30, "the job to be held")
-    slurm.run("scontrol", "update", f"JobId={job}", "ExcNodeList=node3")
-    slurm.run("scontrol", "release", job)
-
-    record = slurm.wait_job(job, "RUNNING", timeout_s=60)
-    assert record["Restarts"] == "1"
-    assert record["ExcNodeList"] == "node3"
-    nodes = slurm.job_nodes(job)
-    assert len(nodes) == 3
-    assert "node3" not in nodes
-    wait_for(lambda: len(out.read_text().splitlines()) == 2, 30, "the second run's output")
-    first, second = out.read_text().splitlines()
-    assert first.startswith("0 ")
-    assert second.startswith("1 ")
-
-
-def test_drain_with_reason_then_resume(slurm: Slurm) -> None:
-    """A drained node reports our reason and takes no job; RESUME makes it idle again."""
-    reason = "straggler: harness test [dec-test]"
-    slurm.run("scontrol", "update", "NodeName=node4", "State=DRAIN", f"Reason={reason}")
-    assert slurm.node_state("node4") == "drained"
-    assert slurm.node("node4")["Reason"].startswith(reason)
-
-    slurm.run("scontrol", "update", "NodeName=node4", "State=RESUME")
-    wait_for(lambda: slurm.node_state("node4") == "idle", 30, "node4 to be idle")
-    # Slurm 24.11 keeps the Reason for 20 s or more after RESUME (22.05 and 26.05 clear it):
-    # whether a node is drained is read from its state flags, never from its reason.
-    scheduler = ScontrolScheduler(Settings(slurm={"conf": slurm.cluster.slurm_conf}))
-    node4 = next(n for n in scheduler.nodes() if n.name == "node4")
-    assert (node4.drained, node4.usable) == (False, True)
-
-
+@pytest.mark.release
 def test_failing_prolog_drains_the_node_and_the_job_runs_elsewhere(
     slurm: Slurm, cluster: DevCluster, job_dir: Path
 ) -> None:

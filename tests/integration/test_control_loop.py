@@ -209,16 +209,19 @@ def test_a_job_slurm_will_not_let_us_mark_is_never_evicted(
 
 
 class StallingScheduler(FakeScheduler):
-    """Answers ``requeue_hold`` only ``stall_s`` after doing it (a slow slurmctld) and stamps
-    every changing call with the monotonic time it was made."""
+    """With ``stall``, answers ``requeue_hold`` only when the test sets ``answer`` after doing
+    it (a slow slurmctld: the test decides how slow, no clock races it); stamps every changing
+    call with the monotonic time it was made."""
 
-    def __init__(self, shared: FakeScheduler, stall_s: float = 0.0) -> None:
+    def __init__(self, shared: FakeScheduler, *, stall: bool = False) -> None:
         super().__init__()
         self.job_table, self.node_table = shared.job_table, shared.node_table
-        self.stall_s = stall_s
+        self.stall = stall
         self.stamps: list[tuple[float, str]] = []
         #: Set when a requeuehold starts to stall: the instance is stuck in Slurm now.
         self.stalling = threading.Event()
+        #: Set by the test: slurmctld answers the stalled requeuehold.
+        self.answer = threading.Event()
 
     def _call(self, name: str, *args: str) -> None:
         super()._call(name, *args)
@@ -227,19 +230,19 @@ class StallingScheduler(FakeScheduler):
 
     def requeue_hold(self, job_id: str) -> None:
         super().requeue_hold(job_id)
-        if self.stall_s:
+        if self.stall:
             self.stalling.set()
-            time.sleep(self.stall_s)
+            self.answer.wait(timeout=120)
 
 
 def test_two_instances_never_both_act(make_loop: Callable[..., Loop], tmp_path: Path) -> None:
-    """Issue 13 item 4: instance A's requeuehold answers after 3x the lock's lifetime; B takes
-    over meanwhile and finishes the eviction; A, back from the stall, makes no further Slurm
-    change (the fence) and cannot move the decision back (states only move forward)."""
+    """Issue 13 item 4: instance A's requeuehold answers only after its lock lapsed and B took
+    over and finished the eviction; A, back from the stall, makes no further Slurm change (the
+    fence) and cannot move the decision back (states only move forward)."""
     clock = FakeClock()
     shared = FakeScheduler([running_job(clock)], NODES)
     ttl = 1.0
-    slow_a = StallingScheduler(shared, stall_s=3 * ttl)
+    slow_a = StallingScheduler(shared, stall=True)
     b_slurm = StallingScheduler(shared)
     a = make_loop(slow_a, clock, "a", lock_ttl_s=ttl)
     b = make_loop(b_slurm, clock, "b", lock_ttl_s=ttl)
@@ -263,9 +266,10 @@ def test_two_instances_never_both_act(make_loop: Callable[..., Loop], tmp_path: 
         b.service.cycle()
         return [name for _, name in b_slurm.stamps] == ["set_excluded", "release", "annotate"]
 
-    wait_for(b_finished, 2 * slow_a.stall_s, "B to finish the eviction")
-    assert worker.is_alive(), "A came back before B finished: the stall was too short"
-    worker.join(timeout=10)
+    wait_for(b_finished, 30, "B to finish the eviction")
+    assert worker.is_alive(), "A came back before slurmctld answered it"
+    slow_a.answer.set()
+    worker.join(timeout=30)
     assert not worker.is_alive()
     assert [name for _, name in slow_a.stamps] == ["annotate", "requeue_hold"]
     assert [name for _, name in b_slurm.stamps] == ["set_excluded", "release", "annotate"]

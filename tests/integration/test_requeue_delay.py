@@ -15,7 +15,7 @@ from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.devcluster.conf import REQUEUE_DELAY_S
 from tests.integration.conftest import Slurm, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.release]
 
 
 def test_an_evicted_job_runs_again_after_the_releases_requeue_delay(

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from slurm_plugin.config import load_settings
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.health.checks import Finding
@@ -72,6 +74,7 @@ def _ensure_main() -> None:
     assert (REPO / "tests" / "integration" / "_fake_rank.py").exists()
 
 
+@pytest.mark.release
 def test_evict_requeues_the_job_without_the_slow_node(
     slurm: Slurm,
     job_dir: Path,
@@ -309,6 +312,7 @@ def one_earlier_incident(state: ServiceState, node: str) -> None:
     )
 
 
+@pytest.mark.release
 def test_persistent_node_is_drained_and_forgiven(
     slurm: Slurm, job_dir: Path, state: ServiceState, env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -436,6 +440,7 @@ def test_policy_apply_diff_and_node_mark(
     assert not state.client.exists(keys.node("node99"))
 
 
+@pytest.mark.release
 def test_prolog_drain_gets_the_prologs_finding(
     slurm: Slurm, cluster: DevCluster, job_dir: Path, state: ServiceState, env: dict[str, str]
 ) -> None:

@@ -15,6 +15,9 @@ from slurm_plugin.devcluster.cluster import AUTOLOAD_DIR
 from slurm_plugin.service.state import ServiceState
 from tests.integration.conftest import Slurm, install_prolog, wait_cycles, wait_for
 
+#: What differs per Slurm release: make test-releases runs it on each.
+pytestmark = pytest.mark.release
+
 REPO = Path(__file__).resolve().parents[2]
 OPTIONS = (
     "--straggler-policy",

@@ -3,9 +3,10 @@
 For FSDP2, PyTorch Lightning (ddp strategy), the Hugging Face Trainer and an FSDP2 script with
 no slurm-straggler code in it (the code-free mode, through the SPANK option), a 3-node job on
 the dev cluster has node3 slowed down for real (a cgroup CPU quota): the service finds node3
-from its compute, evicts it under the shipped ``evict`` policy, and Slurm runs the job again
-without node3. The telemetry shows why: node3's rank computes longer and waits less than it
-did, the others wait longer. (Plain DDP is the demo's job: ``test_demo``.)
+from its compute, evicts it under the ``evict`` policy (the shipped one, told that node3's
+slowdown is a fault: how long the shipped values doubt one is ``test_demo``'s), and Slurm runs
+the job again without node3. The telemetry shows why: node3's rank computes longer and waits
+less than it did, the others wait longer. (Plain DDP is the demo's job: ``test_demo``.)
 """
 
 from __future__ import annotations
@@ -20,15 +21,15 @@ from slurm_plugin.demo.run import REPO, DemoRun, run_scenario
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.errors import DevClusterError
 from slurm_plugin.slurm.parsers import expand_hostlist
+from tests.integration.conftest import copy_policies
 
 pytest.importorskip("torch", reason="the torch extra is installed by `make install`")
 
 #: stack -> (examples/ script, the modules it needs, sbatch options, checkpoint every N steps,
 #: node3's CPU quota in %). A checkpoint every ~10 s at the slowed pace: the policy evicts
 #: right after one. The Trainer spends a third of its step outside compute (on a third of a
-#: core here): at 10 % node3 costs its job about half, and the shipped policy waits longer
-#: before it believes that lasts (154 s after the onset, 5 minutes of test); at 5 % it costs
-#: more and is evicted sooner.
+#: core here): at 10 % node3 costs its job only about half; at 5 % its compute stands out
+#: clearly.
 STACKS = {
     "fsdp2": ("fsdp2_train.py", "torch", (), 20, 10),
     "lightning": ("lightning_train.py", "lightning", (), 20, 10),
@@ -88,6 +89,9 @@ def test_a_slow_node_is_found_from_its_compute_and_evicted(
             submit_args=submit_args,
             job_env={"SCRIPT": script, "CKPT_EVERY": str(every)},
             until=_requeued,
+            # The stack's telemetry is under test, not how long the shipped policy doubts a
+            # slowdown (test_demo runs that): node3 is slow by construction, acted on at once.
+            policy_dir=copy_policies(tmp_path / "policies"),
         )
     except DevClusterError as exc:
         pytest.fail(f"{exc}\n{seen()}")

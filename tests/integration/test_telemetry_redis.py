@@ -10,6 +10,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -18,6 +19,7 @@ from structlog.testing import capture_logs
 from slurm_plugin import StepReporter
 from slurm_plugin.cli.main import cli
 from slurm_plugin.model import keys
+from slurm_plugin.telemetry import reporter as reporter_module
 from slurm_plugin.telemetry.store import TelemetryStore, connect
 from tests.integration.conftest import RedisServer, Slurm, wait_for
 
@@ -65,28 +67,46 @@ def test_round_trip_from_several_processes(redis_url: str) -> None:
     assert store.client.ttl(keys.job_steps("77")) > 0
 
 
-def test_timing_helpers_and_events(redis_url: str) -> None:
-    """`with rep.step()` / `rep.phase()` measure the phases; events land in the events stream."""
+class _Ticks:
+    """The reporter's ``time`` with a ``perf_counter`` the test moves (no sleep to race the
+    machine's load); every other function is the real one."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+def test_timing_helpers_and_events(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`with rep.step()` / `rep.phase()` measure the phases (and the step around them, what
+    happens between phases included); events land in the events stream."""
+    ticks = _Ticks()
+    monkeypatch.setattr(reporter_module, "time", ticks)
     store = TelemetryStore(connect(redis_url))
     with StepReporter("78", 0, "node1", store_factory=lambda: store, flush_interval_s=0.1) as rep:
-        for _ in range(3):
+        for step in range(3):
             with rep.step():
                 with rep.phase("data"):
-                    time.sleep(0.002)
+                    ticks.now += 0.002
                 with rep.phase("compute"):
-                    time.sleep(0.02)
+                    ticks.now += 0.02 + 0.01 * step
+                ticks.now += 0.001  # between phases: the step's, no phase's
                 with rep.phase("comm"):
-                    time.sleep(0.005)
+                    ticks.now += 0.005
+                with rep.phase("comm"):  # a phase entered twice in a step adds up
+                    ticks.now += 0.003
         rep.event("checkpoint_end", step=2)
     records = list(store.iter_steps("78"))
     assert [r.step for r in records] == [0, 1, 2]
-    for r in records:
-        assert r.compute_s is not None
-        assert r.comm_s is not None
-        assert r.data_s is not None
-        assert 0.02 <= r.compute_s < 0.2
-        assert 0.005 <= r.comm_s < r.compute_s
-        assert r.step_s >= r.compute_s + r.comm_s + r.data_s
+    for step, r in enumerate(records):
+        assert r.data_s == pytest.approx(0.002)
+        assert r.compute_s == pytest.approx(0.02 + 0.01 * step)
+        assert r.comm_s == pytest.approx(0.008)
+        assert r.step_s == pytest.approx(0.031 + 0.01 * step)
     events = store.read_json(keys.job_events("78"))
     assert [(e["name"], e["step"]) for e in events] == [("checkpoint_end", 2)]
 
