@@ -343,9 +343,7 @@ def summarize(run: DemoRun) -> dict[str, Any]:
         "detection_step": int(detection["step"]) if detection else None,
         "alarms_before_onset": len(early),
         # What changed the job or a node: an annotation is only a note, "none" not even that.
-        "actions_before_onset": sorted(
-            {d.get("action", "") for d in early} - {"annotate", "none"}
-        ),
+        "actions_before_onset": sorted({d.get("action", "") for d in early} - {"annotate", "none"}),
         "detection_delay_steps": (
             int(detection["step"]) - run.onset_step
             if detection and run.onset_step is not None
