@@ -43,6 +43,10 @@ def _requeued(record: dict[str, str]) -> bool:
     return int(record.get("Restarts") or 0) >= 1 and record.get("JobState") == "RUNNING"
 
 
+#: Steps that ended this soon after the onset may have begun before it: left out of "after".
+_SETTLE_S = 3.0
+
+
 def _median(run: DemoRun, node: str, attr: str, *, after_onset: bool) -> float:
     onset = run.onset_ts or 0.0
     values = [
@@ -51,7 +55,7 @@ def _median(run: DemoRun, node: str, attr: str, *, after_onset: bool) -> float:
         if r.attempt == 0
         and r.node == node
         and getattr(r, attr) is not None
-        and ((r.ts > onset + 10) if after_onset else (r.ts < onset and r.step >= 5))
+        and ((r.ts > onset + _SETTLE_S) if after_onset else (r.ts < onset and r.step >= 5))
     ]
     assert values, f"no {attr} of {node} {'after' if after_onset else 'before'} the onset"
     return float(statistics.median(values))
