@@ -23,7 +23,7 @@ import numpy as np
 
 from slurm_plugin.detection import StragglerEvent
 from slurm_plugin.detection.params import DetectionParams
-from slurm_plugin.detection.recheck import rank_factor, still_pct, structure_peers
+from slurm_plugin.detection.recheck import rows_of, tail_slowdown_pct
 from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy.decide import ClusterContext, Decision, JobContext
 from slurm_plugin.policy.lifecycle import (
@@ -129,14 +129,12 @@ class Replay:
     def _recent_slowdown_pct(
         self, event: StragglerEvent, now: float, since_step: int, steps: int = 20
     ) -> float | None:
-        """The service's re-check before an eviction, on the trace: how much longer the
-        event's ranks (its node's, when node-wide) computed than the ranks on other nodes over
-        the job's newest ``steps`` steps up to ``now``, from the step it was flagged at on (the
-        median over steps of the ranks' median ratio to their structural group's median on
-        other nodes, as :func:`slurm_plugin.detection.recheck.tail_slowdown_pct`), with each
-        rank's compute divided by its by-design factor as the job's detector learned it
-        (``scales``): a pipeline stage or another GPU model is no slowdown, and a node slow
-        from the job's first step is."""
+        """The service's re-check before an eviction (:func:`tail_slowdown_pct`, the one
+        statistic), on the rows the job's detector would hold at ``now``: the job's records
+        of the newest ``4 x steps`` step times up to ``now``, from the step the node was
+        flagged at on, as detector rows (:func:`rows_of`, each rank's compute divided by its
+        by-design factor as the job's detector learned it, ``scales``). The event's ranks on
+        its node, as the service asks it."""
         trace = self.trace
         begin = now - 4 * steps * self._step(event.job_id)
         lo, hi = np.searchsorted(trace.ts, [begin, now], side="right")
@@ -146,32 +144,17 @@ class Replay:
         )
         if not in_job.any():
             return None
-        step = trace.step[part][in_job]
         rank = trace.rank[part][in_job]
-        compute = trace.compute_s[part][in_job]
-        scale = self._scale.get(event.job_id)
-        if scale is not None and len(scale):
-            compute = compute / rank_factor(scale, rank)
+        excess, numbers, scale = rows_of(
+            trace.step[part][in_job],
+            rank,
+            trace.compute_s[part][in_job],
+            self._scale.get(event.job_id),
+        )
         on_node = trace.node_code[part][in_job] == trace.node_names.index(event.node)
-        mine = on_node & np.isin(rank, event.ranks) if event.scope == "gpu" else on_node
-        groups = [
-            (np.isin(rank, own) & mine, np.isin(rank, peers) & ~on_node)
-            for own, peers in structure_peers(
-                scale, np.unique(rank[mine]), np.unique(rank[~on_node])
-            )
-        ]
-        ratios = []
-        for s in np.unique(step)[::-1][:steps].tolist():
-            at = (step == s) & np.isfinite(compute)
-            values = []
-            for own, peers in groups:
-                level = compute[at & peers]
-                if len(level) and np.median(level) > 0:
-                    values.append(compute[at & own] / np.median(level))
-            joined = np.concatenate(values) if values else np.zeros(0)
-            if len(joined):
-                ratios.append(float(np.median(joined)))
-        return still_pct(np.asarray(ratios[::-1]) - 1.0) * 100.0 if ratios else None
+        return tail_slowdown_pct(
+            excess, numbers, np.unique(rank[on_node]), event.ranks, since_step, steps, scale
+        )
 
     def _step(self, job_id: str) -> float:
         """The job's typical step time (its first records)."""

@@ -5,52 +5,34 @@ costs a requeue."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 
 import numpy as np
 
-from slurm_plugin.model.records import StepRecord
 
-
-def recent_slowdown_pct(
-    records: Iterable[StepRecord],
-    node: str,
-    ranks: Collection[int] = (),
-    steps: int = 20,
-    since_step: int | None = None,
-) -> float | None:
-    """How much longer the straggling ranks (``ranks`` on ``node``; all of the node's ranks
-    when empty) computed than the ranks on other nodes, in %, over the newest ``steps`` steps
-    of the newest attempt that show both (a slow node's own reports may lag behind its peers'),
-    from ``since_step`` on (the step the node was flagged at: a window reaching back before a
-    recent shift would measure the healthy past). The median over those steps of the per-step
-    ratio of medians; None when no step shows both."""
-    usable = [
-        r
-        for r in records
-        if r.compute_s is not None and (since_step is None or r.step >= since_step)
-    ]
-    if not usable:
-        return None
-    attempt = max(r.attempt for r in usable)
-    by_step: dict[int, tuple[list[float], list[float]]] = {}
-    for r in usable:
-        if r.attempt != attempt:
-            continue
-        mine, peers = by_step.setdefault(r.step, ([], []))
-        if r.node != node:
-            peers.append(float(r.compute_s or 0.0))
-        elif not ranks or r.rank in ranks:
-            mine.append(float(r.compute_s or 0.0))
-    ratios = []
-    for step in sorted(by_step, reverse=True):
-        mine, peers = by_step[step]
-        peer = float(np.median(peers)) if peers else 0.0
-        if mine and peer > 0:
-            ratios.append(float(np.median(mine)) / peer)
-            if len(ratios) == steps:
-                break
-    return (float(np.median(ratios)) - 1.0) * 100.0 if ratios else None
+def rows_of(
+    step: np.ndarray, rank: np.ndarray, compute: np.ndarray, scale: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Records (flat arrays, one entry per rank and step) as a detector holds its rows: one
+    row per step (ascending), one column per rank, each cell the rank's compute with its
+    by-design factor (``scale``) divided out, as excess over the step's median (NaN: not
+    reported). Returns the rows, their step numbers and ``scale`` widened to the columns (1 for
+    a rank the detector did not know), for :func:`tail_slowdown_pct`: the replay's re-check
+    is the service's, on the trace."""
+    numbers, row = np.unique(step, return_inverse=True)
+    width = int(rank.max()) + 1 if len(rank) else 0
+    if scale is not None and len(scale):
+        width = max(width, len(scale))
+        scale = rank_factor(scale, np.arange(width))
+        compute = compute / scale[rank]
+    cells = np.full((len(numbers), width), np.nan)
+    cells[row, rank] = compute
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a step no rank reported
+        med = np.nanmedian(cells, axis=1) if width else np.zeros(len(numbers))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        excess = np.where(med[:, None] > 0, cells / med[:, None] - 1.0, np.nan)
+    return excess, numbers, scale
 
 
 #: The newest steps that must also show the node slow: a slowdown that ended a few steps ago

@@ -9,52 +9,71 @@ import numpy as np
 import pytest
 
 from slurm_plugin.detection import StragglerEvent
-from slurm_plugin.detection.recheck import recent_slowdown_pct, tail_slowdown_pct
-from slurm_plugin.model.records import StepRecord
+from slurm_plugin.detection.recheck import rows_of, tail_slowdown_pct
 from slurm_plugin.policy.lifecycle import Candidate, Waiting
 from slurm_plugin.service.waiting import candidates_field, event_fields, waiting_of
 
 
-def _records(slow: dict[int, float], steps: range, attempt: int = 0) -> list[StepRecord]:
-    """node1..node3, one rank each; ``slow`` maps a step to node3's compute factor."""
-    return [
-        StepRecord("5", rank, f"node{rank + 1}", 0, step, 0.0, 0.2,
-                   0.1 * (slow.get(step, 1.0) if rank == 2 else 1.0), 0.05, 0.0, attempt)
+def _slowdown(
+    slow: dict[int, float],
+    steps: range,
+    node3_ranks: tuple[int, ...] = (2,),
+    ranks: tuple[int, ...] = (),
+    since_step: int | None = None,
+    last: int = 20,
+    missing: range = range(0),
+) -> float | None:
+    """The re-check over records of node1..node3, one rank each (node3 also holds
+    ``node3_ranks``' other ranks at the healthy pace); ``slow`` maps a step to rank 2's compute
+    factor; node3's reports of the ``missing`` steps have not come (a lagging flush). The
+    records become detector rows (:func:`rows_of`), the service's and the replay's one input."""
+    cells = [
+        (step, rank, 0.1 * (slow.get(step, 1.0) if rank == 2 else 1.0))
         for step in steps
-        for rank in range(3)
-    ]  # fmt: skip
+        for rank in (0, 1, *node3_ranks)
+        if not (rank in node3_ranks and step in missing)
+    ]
+    step, rank, compute = (np.asarray(c) for c in zip(*cells, strict=True))
+    excess, numbers, scale = rows_of(step, rank, compute)
+    return tail_slowdown_pct(
+        excess, numbers, np.asarray(node3_ranks), ranks, since_step, last, scale
+    )
 
 
 def test_a_node_still_slow_and_one_that_recovered() -> None:
     """2x slow in the newest 20 steps: +100 %; slow earlier but not in the newest steps: 0 %."""
-    assert recent_slowdown_pct(_records(dict.fromkeys(range(100), 2.0), range(100)), "node3") == (
-        pytest.approx(100.0)
-    )
-    burst = _records(dict.fromkeys(range(50), 2.0), range(100))
-    assert recent_slowdown_pct(burst, "node3") == pytest.approx(0.0)
-    assert recent_slowdown_pct(burst, "node3", steps=100) == pytest.approx(50.0)
-
-
-def test_only_the_newest_attempt_and_nothing_to_compare() -> None:
-    """Records of an earlier attempt do not count; no peers or no node means no answer."""
-    old = _records(dict.fromkeys(range(20), 3.0), range(20), attempt=0)
-    new = _records({}, range(20), attempt=1)
-    assert recent_slowdown_pct(old + new, "node3") == pytest.approx(0.0)
-    assert recent_slowdown_pct(new, "node9") is None
-    assert recent_slowdown_pct([r for r in new if r.node == "node3"], "node3") is None
-    assert recent_slowdown_pct([], "node3") is None
+    assert _slowdown(dict.fromkeys(range(100), 2.0), range(100)) == pytest.approx(100.0)
+    burst = dict.fromkeys(range(50), 2.0)
+    assert _slowdown(burst, range(100)) == pytest.approx(0.0)
+    assert _slowdown(burst, range(100), last=100) == pytest.approx(0.0)  # the newest 5 say over
 
 
 def test_a_slow_nodes_lagging_reports_and_one_slow_gpu() -> None:
     """A slow node's own reports lag its peers' (its flusher is slowed too): the newest steps
-    that show both count. One slow GPU among a node's ranks is measured through its rank."""
-    records = _records(dict.fromkeys(range(100), 3.0), range(100))
-    lagging = [r for r in records if not (r.node == "node3" and r.step >= 80)]
-    assert recent_slowdown_pct(lagging, "node3") == pytest.approx(200.0)
-    one_gpu = [*records, *(replace(r, rank=9, gpu=1) for r in records if r.node == "node3")]
-    one_gpu = [replace(r, compute_s=0.1) if r.rank == 9 else r for r in one_gpu]
-    assert recent_slowdown_pct(one_gpu, "node3", ranks=[2]) == pytest.approx(200.0)
-    assert recent_slowdown_pct(one_gpu, "node3", ranks=[9]) == pytest.approx(0.0)
+    that show it count. One slow GPU among a node's ranks is measured through its rank."""
+    slow = dict.fromkeys(range(100), 3.0)
+    assert _slowdown(slow, range(100), missing=range(90, 100)) == pytest.approx(200.0)
+    assert _slowdown(slow, range(100), (2, 9), ranks=(2,)) == pytest.approx(200.0)
+    assert _slowdown(slow, range(100), (2, 9), ranks=(9,)) == pytest.approx(0.0)
+    assert _slowdown(slow, range(100), (2,), ranks=(7,)) is None  # not a rank of the node
+
+
+def test_rows_of_records_are_the_detectors_rows() -> None:
+    """Records become one row per step (ascending), one column per rank, excess over the
+    step's median with the by-design factor divided out; a rank not reported is NaN and a
+    factor the detector did not know is 1."""
+    step = np.array([5, 5, 4, 4, 4])
+    rank = np.array([0, 2, 0, 1, 2])
+    compute = np.array([1.0, 3.0, 1.0, 1.0, 2.2])
+    excess, numbers, scale = rows_of(step, rank, compute, np.array([1.0, 1.0]))
+    assert numbers.tolist() == [4, 5]
+    assert scale is not None
+    assert scale.tolist() == [1.0, 1.0, 1.0]
+    assert excess[0].tolist() == pytest.approx([0.0, 0.0, 1.2])
+    assert excess[1, 0] == pytest.approx(-0.5)
+    assert np.isnan(excess[1, 1])
+    halved = rows_of(step, rank, compute, np.array([1.0, 1.0, 2.0]))[0]
+    assert halved[0].tolist() == pytest.approx([0.0, 0.0, 0.1])
 
 
 def _event(node: str, ranks: list[int]) -> StragglerEvent:
@@ -115,10 +134,10 @@ def test_a_recent_shift_is_measured_from_where_it_was_flagged() -> None:
     """The demo's CI failure: node3 became 10x slow 7 steps before the re-check. The newest 20
     steps are mostly from before the shift, so their median says ~0 %. Counted from the step
     it was flagged at, the re-check sees the shift."""
-    records = _records(dict.fromkeys(range(93, 100), 10.0), range(100))
-    assert recent_slowdown_pct(records, "node3") == pytest.approx(0.0)
-    assert recent_slowdown_pct(records, "node3", since_step=95) == pytest.approx(900.0)
-    assert recent_slowdown_pct(records, "node3", since_step=100) is None
+    shift = dict.fromkeys(range(93, 100), 10.0)
+    assert _slowdown(shift, range(100)) == pytest.approx(0.0)
+    assert _slowdown(shift, range(100), since_step=95) == pytest.approx(900.0)
+    assert _slowdown(shift, range(100), since_step=100) is None
 
 
 def _stage_rows(slow: dict[int, float], rows: int = 20) -> tuple[np.ndarray, np.ndarray]:
