@@ -135,7 +135,7 @@ def run_backtest(
     events.sort(key=lambda e: e.ts)
     replay = Replay(policy, trace, context or TraceContext(), scales=scales)
     for event in events:
-        replay.until(event.ts)
+        replay.until(event.ts, before=True)
         past = 0
         if isinstance(event, StragglerEvent):
             history = histories.get(event.node, NodeHistory(event.node))

@@ -82,6 +82,8 @@ class Replay:
     #: Per straggler event (by ``id``), its job's per-rank by-design compute factor when the
     #: event came (``Detector.structure_scale``; None or absent: no structure).
     scales: dict[int, np.ndarray | None] = field(default_factory=dict)
+    #: The service's cycle: a re-check with nothing to look at is taken again one later.
+    cycle_s: float = CYCLE_S
     #: Per job, the structure its newest decided event came with (what the re-check uses).
     _scale: dict[str, np.ndarray | None] = field(default_factory=dict)
 
@@ -227,7 +229,7 @@ class Replay:
             elif isinstance(effect, Record):
                 row.update(action=effect.decision.action, **effect.extra)
                 if effect.state == "waiting" and state is not None:
-                    again = event.ts + CYCLE_S if state.waiting_for == "recheck" else None
+                    again = event.ts + self.cycle_s if state.waiting_for == "recheck" else None
                     self.waiting[event.job_id] = _Waiting(state, row, again)
             elif isinstance(effect, Close) and held is not None:
                 self._carry_out(event.job_id, effect, held.row, event.ts)
@@ -265,13 +267,17 @@ class Replay:
         limit = w.state.since + self.policy.actions.max_wait_s
         return float(min(after[0] if after else np.inf, limit))
 
-    def until(self, now: float) -> None:
+    def until(self, now: float, *, before: bool = False) -> None:
         """Resolve every wait whose checkpoint came, or whose ``max_wait_s`` ran out, by
-        ``now`` (and before the job's records end)."""
+        ``now`` (and before the job's records end); ``before``: only those due before
+        ``now``. The service decides a cycle's detections first and its waiting decisions
+        after them (a node flagged in the cycle a checkpoint came joins the re-decision), so
+        the replay resolves what is due at an event's time after deciding the event."""
         for job_id in list(self.waiting):
             w = self.waiting[job_id]
             due = self._due(job_id, w)
-            while due <= min(now, self.last_ts[job_id]):
+            end = self.last_ts[job_id]
+            while due <= end and (due < now if before else due <= now):
                 state, effects = tick(w.state, self._world(job_id, due))
                 w.row["waited_s"] = round(due - w.state.since, 3)
                 for effect in effects:
@@ -279,7 +285,7 @@ class Replay:
                 if state is None:
                     del self.waiting[job_id]
                     break
-                w = self.waiting[job_id] = replace(w, state=state, again_at=due + CYCLE_S)
+                w = self.waiting[job_id] = replace(w, state=state, again_at=due + self.cycle_s)
                 due = self._due(job_id, w)
 
 

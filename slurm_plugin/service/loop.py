@@ -89,6 +89,7 @@ class Service:
         instance: str | None = None,
         metrics: Metrics | None = None,
         lock_ttl_s: float | None = None,
+        detector: Callable[[DetectionParams], Detector] = Detector,
     ) -> None:
         self.settings = settings
         self.state = state
@@ -113,6 +114,8 @@ class Service:
         )
         self._policies = PolicySet(settings, state)
         self._detectors: dict[tuple[str, DetectionParams], Detector] = {}
+        #: Builds a detector for a policy's parameters (a test's scripted detections).
+        self._new_detector = detector
         self._ingest = Ingest(state, store, self.metrics)
         self._value = Value(self.metrics)
         self._identities = Identities(state, store, settings.deployment, clock)
@@ -264,7 +267,9 @@ class Service:
         if was is not None and was != key:
             self._detectors[was].forget(job.job_id)
         self._job_policy[job.job_id] = key
-        return self._detectors.setdefault(key, Detector(key[1]))
+        if key not in self._detectors:
+            self._detectors[key] = self._new_detector(key[1])
+        return self._detectors[key]
 
     # -- decisions ----------------------------------------------------------------------------
     def _cluster(self, nodes: tuple[NodeInfo, ...], now: float) -> ClusterContext:
