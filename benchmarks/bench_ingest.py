@@ -24,7 +24,7 @@ from benchmarks._common import machine, redis_url, table
 from slurm_plugin import StepReporter
 from slurm_plugin.model import keys
 from slurm_plugin.model.records import encode_steps
-from slurm_plugin.telemetry.store import TelemetryStore, connect
+from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 
 JOB = "999100"
 WORLD = 16_384

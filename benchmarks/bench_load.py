@@ -37,7 +37,7 @@ from slurm_plugin.model.records import decode_header, encode_steps
 from slurm_plugin.model.relayed import encode_relayed
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.telemetry.store import TelemetryStore, connect
+from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 
 JOB, PER_NODE, SLOW_RANK, SLOW_FROM_S = "515151", 8, 5000, 120.0
 

@@ -29,7 +29,7 @@ from slurm_plugin.model.records import decode_header, encode_steps
 from slurm_plugin.model.relayed import encode_relayed
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.telemetry.store import TelemetryStore, connect
+from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 from slurm_plugin.testing import FakeScheduler
 
 RANKS_PER_JOB, NODES_PER_JOB, INTERVAL_S = 8, 1, 2.0

@@ -304,7 +304,7 @@ def main() -> None:
     if args.child:
         child(args.child, args.on, args.steps, args.model, args.work)
         return
-    from slurm_plugin.telemetry.store import TelemetryStore, connect  # noqa: PLC0415
+    from slurm_plugin.store.telemetry_store import TelemetryStore, connect  # noqa: PLC0415
 
     job = str(900_000_000 + os.getpid())  # a job id no Slurm job of the dev cluster has
     rows = []

@@ -17,7 +17,7 @@ import redis
 
 from benchmarks._common import machine, redis_url, table
 from slurm_plugin import StepReporter
-from slurm_plugin.telemetry.store import TelemetryStore, connect
+from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 
 
 def _batches_ns(fn: Callable[[], None], calls: int, batch: int = 1000) -> list[float]:

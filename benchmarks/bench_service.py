@@ -20,7 +20,7 @@ from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.model.records import encode_steps
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.telemetry.store import TelemetryStore, connect
+from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 
 RANKS, PER_NODE, JOB = 1000, 8, "424242"
 NODES = [f"gpu{i:03d}" for i in range(RANKS // PER_NODE)]

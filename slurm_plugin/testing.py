@@ -6,7 +6,7 @@ The fake NVML lives beside the real probe (:mod:`slurm_plugin.probes.fake_nvml`)
 ``RecordingReporter`` stands in for a :class:`~slurm_plugin.telemetry.reporter.StepReporter`
 where an instrumentation is tested without Redis: it keeps what the timers report.
 
-``FakeStore`` is a :class:`~slurm_plugin.telemetry.store.TelemetryStore` that keeps what a
+``FakeStore`` is a :class:`~slurm_plugin.store.telemetry_store.TelemetryStore` that keeps what a
 reporter publishes in memory, with failures injectable (Redis away; Redis that stored a
 flush and then went away before answering): the reporter's flush, retry and bounds in the
 unit tier.
@@ -28,7 +28,7 @@ from slurm_plugin.errors import JobNotFoundError, RedisUnavailableError, Telemet
 from slurm_plugin.health.fabric import COUNTERS
 from slurm_plugin.model.cluster import REQUEUE_HELD, JobInfo, NodeInfo
 from slurm_plugin.model.records import encode_json_entry
-from slurm_plugin.telemetry.store import TelemetryStore
+from slurm_plugin.store.telemetry_store import TelemetryStore
 
 
 def build_ib_tree(

@@ -20,9 +20,9 @@ from slurm_plugin.config import Settings
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.model.records import sort_records
 from slurm_plugin.slurm.scheduler import ScontrolScheduler
+from slurm_plugin.store.telemetry_store import TelemetryStore, connect_from
 from slurm_plugin.telemetry.relay import Relay
 from slurm_plugin.telemetry.sidecar import Sidecar
-from slurm_plugin.telemetry.store import TelemetryStore, connect_from
 from slurm_plugin.trace import write_trace
 from slurm_plugin.trace_meta import JobFacts, companion, write_events, write_jobs
 

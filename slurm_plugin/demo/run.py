@@ -24,7 +24,7 @@ from slurm_plugin.service.record import number_or
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.parsers import expand_hostlist, parse_scontrol_record
 from slurm_plugin.slurm.runner import run_command
-from slurm_plugin.telemetry.store import TelemetryStore, connect
+from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 
 REPO = Path(__file__).resolve().parents[2]
 SLOW_NODE = "node3"

@@ -29,7 +29,7 @@ from slurm_plugin.devcluster.status import READY_STATES, ClusterStatus, DaemonSt
 from slurm_plugin.errors import CommandError, DevClusterError
 from slurm_plugin.slurm.release import SlurmRelease, parse_version
 from slurm_plugin.slurm.runner import run_command
-from slurm_plugin.telemetry.store import ping
+from slurm_plugin.store.telemetry_store import ping
 
 #: The code-free mode's sitecustomize directory (SPANK ``autoload=``).
 AUTOLOAD_DIR = Path(__file__).resolve().parents[1] / "telemetry" / "autoload"

@@ -207,7 +207,7 @@ def _fabric_findings(settings: Settings, result: HookResult) -> None:
 
 
 def _redis(settings: Settings) -> Any:
-    from slurm_plugin.telemetry.store import connect_from  # noqa: PLC0415 - only when needed
+    from slurm_plugin.store.telemetry_store import connect_from  # noqa: PLC0415 - only when needed
 
     return connect_from(
         settings, timeout_s=min(settings.redis.timeout_s, 2.0), retries=0, decode=True
@@ -226,8 +226,8 @@ def _trouble(exc: Exception) -> str:
 
 def _redis_prolog(settings: Settings, env: Mapping[str, str], result: HookResult) -> None:
     """Persistent-straggler refusal, job registration, and the check result per node."""
-    from slurm_plugin.telemetry import registration  # noqa: PLC0415
-    from slurm_plugin.telemetry.node_record import NodeRecord  # noqa: PLC0415
+    from slurm_plugin.store import registration  # noqa: PLC0415
+    from slurm_plugin.store.nodes import NodeRecord  # noqa: PLC0415
 
     try:
         client = _redis(settings)
@@ -259,7 +259,7 @@ def _registration(env: Mapping[str, str]) -> Any:
     """The job's registration from slurmd's environment. Only an explicit policy choice is
     registered: without one, the job's --comment and then the cluster default apply (resolved
     by the service)."""
-    from slurm_plugin.telemetry.registration import OPTIONS, Registration  # noqa: PLC0415
+    from slurm_plugin.store.registration import OPTIONS, Registration  # noqa: PLC0415
 
     return Registration(
         policy=env.get("SPANK_STRAGGLER_POLICY") or env.get("STRAGGLER_POLICY") or "",
@@ -280,7 +280,7 @@ def _issue_credential(
 ) -> None:
     """The job's ACL user and its credential file (a problem, never a drain, when it fails:
     the job then runs without telemetry)."""
-    from slurm_plugin.telemetry import credentials  # noqa: PLC0415
+    from slurm_plugin.store import credentials  # noqa: PLC0415
 
     try:
         uid, gid = int(env["SLURM_JOB_UID"]), int(env["SLURM_JOB_GID"])
@@ -312,7 +312,7 @@ def _issue_credential(
 
 
 def _remove_credential_file(settings: Settings, result: HookResult) -> None:
-    from slurm_plugin.telemetry import credentials  # noqa: PLC0415
+    from slurm_plugin.store import credentials  # noqa: PLC0415
 
     path = credentials.credential_path(result.job_id, settings.telemetry.job_credentials_dir)
     try:
@@ -370,9 +370,9 @@ def run_epilog(
                 )
             )
     try:
-        from slurm_plugin.telemetry import credentials  # noqa: PLC0415
-        from slurm_plugin.telemetry.node_record import NodeRecord  # noqa: PLC0415
-        from slurm_plugin.telemetry.store import TelemetryStore  # noqa: PLC0415
+        from slurm_plugin.store import credentials  # noqa: PLC0415
+        from slurm_plugin.store.nodes import NodeRecord  # noqa: PLC0415
+        from slurm_plugin.store.telemetry_store import TelemetryStore  # noqa: PLC0415
 
         if result.job_id and settings.telemetry.job_credentials:
             # The file goes first: Redis being away must not leave a credential behind.

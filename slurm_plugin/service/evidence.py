@@ -24,11 +24,11 @@ import structlog
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.model import keys
 from slurm_plugin.model.cluster import MAX_RANKS_PER_NODE, JobInfo
-from slurm_plugin.telemetry.node_record import LAST_CHECK, SIDECAR
+from slurm_plugin.store.nodes import LAST_CHECK, SIDECAR
 
 if TYPE_CHECKING:
     from slurm_plugin.service.state import ServiceState
-    from slurm_plugin.telemetry.store import TelemetryStore
+    from slurm_plugin.store.telemetry_store import TelemetryStore
 
 log = structlog.get_logger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from slurm_plugin.config import Settings
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.scheduler import ScontrolScheduler
-from slurm_plugin.telemetry.store import TelemetryStore, connect_from
+from slurm_plugin.store.telemetry_store import TelemetryStore, connect_from
 
 
 def build(settings: Settings) -> tuple[ScontrolScheduler, ServiceState, TelemetryStore]:

@@ -26,7 +26,7 @@ from slurm_plugin.model import keys
 from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.service.state import OPEN_STATES, ServiceState
 from slurm_plugin.slurm import marks
-from slurm_plugin.telemetry.store import TelemetryStore
+from slurm_plugin.store.telemetry_store import TelemetryStore
 
 log = structlog.get_logger(__name__)
 

@@ -22,9 +22,8 @@ from slurm_plugin.service.evidence import EvidenceFilter
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.record import number
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.telemetry import credentials
-from slurm_plugin.telemetry.many import Cursor, read_first, read_more
-from slurm_plugin.telemetry.store import (
+from slurm_plugin.store import credentials
+from slurm_plugin.store.telemetry_store import (
     Raw,
     Seen,
     StreamMark,
@@ -32,6 +31,7 @@ from slurm_plugin.telemetry.store import (
     entries_page,
     events_of,
 )
+from slurm_plugin.telemetry.many import Cursor, read_first, read_more
 
 log = structlog.get_logger(__name__)
 #: Steps entries read per job per cycle when the stream does not say how many are waiting

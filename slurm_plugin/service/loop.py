@@ -42,7 +42,7 @@ from slurm_plugin.service.value import Value
 from slurm_plugin.service.waiting import probe
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.scheduler import Scheduler
-from slurm_plugin.telemetry.store import TelemetryStore
+from slurm_plugin.store.telemetry_store import TelemetryStore
 
 log = structlog.get_logger(__name__)
 

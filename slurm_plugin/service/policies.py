@@ -10,7 +10,7 @@ from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.policy.loader import active_policies, apply_job_overrides, policy_from_comment
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.telemetry.registration import Registration
+from slurm_plugin.store.registration import Registration
 
 log = structlog.get_logger(__name__)
 

@@ -16,10 +16,10 @@ from redis.sentinel import SentinelConnectionPool
 from slurm_plugin.errors import ConfigError
 from slurm_plugin.model import keys
 from slurm_plugin.policy.history import NodeHistory
-from slurm_plugin.telemetry import registration
-from slurm_plugin.telemetry.node_record import NodeRecord
-from slurm_plugin.telemetry.registration import Registration
-from slurm_plugin.telemetry.store import RedisClient
+from slurm_plugin.store import registration
+from slurm_plugin.store.nodes import NodeRecord
+from slurm_plugin.store.registration import Registration
+from slurm_plugin.store.telemetry_store import RedisClient
 
 log = structlog.get_logger(__name__)
 

@@ -1,8 +1,7 @@
-"""The Redis adapter and the in-job side: the store, the StepReporter and its instruments
-(torch, FSDP, Lightning, Hugging Face, code-free), the node relay and sidecar, per-job
-credentials.
+"""The in-job side: the StepReporter and its instruments (torch, FSDP, Lightning, Hugging
+Face, code-free), the node relay and sidecar.
 
-Submodules are imported where needed, and all of them need redis. The key schema and the
-record encodings they use are pure and live in :mod:`slurm_plugin.model` (``keys``,
-``records``, ``columns``, ``relayed``).
+Submodules are imported where needed. What they write to Redis goes through
+:mod:`slurm_plugin.store`; the key schema and the record encodings are pure and live in
+:mod:`slurm_plugin.model` (``keys``, ``records``, ``columns``, ``relayed``).
 """

@@ -15,7 +15,7 @@ from typing import Any, cast
 import redis
 
 from slurm_plugin.model import keys
-from slurm_plugin.telemetry.store import Raw, RedisClient, StreamMark, mark_of
+from slurm_plugin.store.telemetry_store import Raw, RedisClient, StreamMark, mark_of
 
 
 @dataclass(frozen=True)

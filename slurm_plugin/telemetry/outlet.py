@@ -15,8 +15,8 @@ from pathlib import Path
 
 import structlog
 
+from slurm_plugin.store.telemetry_store import TelemetryStore
 from slurm_plugin.telemetry.relay_client import RelayClient, RelayRefusedError
-from slurm_plugin.telemetry.store import TelemetryStore
 
 log = structlog.get_logger(__name__)
 

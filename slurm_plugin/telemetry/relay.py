@@ -36,7 +36,7 @@ from slurm_plugin.errors import RedisUnavailableError, StragglerError, Telemetry
 from slurm_plugin.model import keys
 from slurm_plugin.model.records import FlushHeader, check_steps, encode_json_entry, flush_id
 from slurm_plugin.model.relayed import encode_relayed
-from slurm_plugin.telemetry.store import TelemetryStore
+from slurm_plugin.store.telemetry_store import TelemetryStore
 
 log = structlog.get_logger(__name__)
 

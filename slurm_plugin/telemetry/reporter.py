@@ -33,10 +33,10 @@ from slurm_plugin.model.records import (
     encode_steps,
     normalise_raw,
 )
-from slurm_plugin.telemetry import credentials
+from slurm_plugin.store import credentials
+from slurm_plugin.store.telemetry_store import TelemetryStore, connect_from
 from slurm_plugin.telemetry.job_env import rank_env
 from slurm_plugin.telemetry.outlet import Destination, Outlet
-from slurm_plugin.telemetry.store import TelemetryStore, connect_from
 
 log = structlog.get_logger(__name__)
 

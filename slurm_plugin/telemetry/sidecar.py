@@ -24,8 +24,8 @@ from slurm_plugin.errors import StragglerError
 from slurm_plugin.model import keys
 from slurm_plugin.probes.cpu import sample_cpu
 from slurm_plugin.probes.gpu import NvmlProbe, NvmlUnavailableError
-from slurm_plugin.telemetry.node_record import NodeRecord
-from slurm_plugin.telemetry.store import TelemetryStore
+from slurm_plugin.store.nodes import NodeRecord
+from slurm_plugin.store.telemetry_store import TelemetryStore
 
 log = structlog.get_logger(__name__)
 

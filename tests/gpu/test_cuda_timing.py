@@ -84,7 +84,7 @@ def redis_server(tmp_path: Path) -> Iterator[str]:
 
 
 def test_code_free_mode_times_an_unmodified_fsdp2_job(tmp_path: Path, redis_server: str) -> None:
-    from slurm_plugin.telemetry.store import TelemetryStore, connect  # noqa: PLC0415
+    from slurm_plugin.store.telemetry_store import TelemetryStore, connect  # noqa: PLC0415
 
     env = {
         "PYTHONPATH": f"{AUTOLOAD_DIR}{os.pathsep}{REPO}",

@@ -14,7 +14,7 @@ import sys
 import time
 
 from slurm_plugin import StepReporter
-from slurm_plugin.telemetry.store import TelemetryStore, connect
+from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from slurm_plugin import StepReporter
-from slurm_plugin.telemetry.store import TelemetryStore, connect
+from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.parsers import expand_hostlist, parse_scontrol_record
 from slurm_plugin.slurm.release import TESTED
 from slurm_plugin.slurm.runner import CommandResult, run_command
-from slurm_plugin.telemetry.store import ping
+from slurm_plugin.store.telemetry_store import ping
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:

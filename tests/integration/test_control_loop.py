@@ -27,9 +27,9 @@ from slurm_plugin.model.records import encode_steps
 from slurm_plugin.policy.history import Incident, NodeHistory
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.telemetry import credentials
-from slurm_plugin.telemetry.node_record import NodeRecord
-from slurm_plugin.telemetry.store import TelemetryStore
+from slurm_plugin.store import credentials
+from slurm_plugin.store.nodes import NodeRecord
+from slurm_plugin.store.telemetry_store import TelemetryStore
 from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.conftest import RedisServer, acl_users, copy_policies, wait_for
 

@@ -31,7 +31,7 @@ from slurm_plugin.model.records import encode_steps
 from slurm_plugin.policy.rails import SafetyPolicy
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import OPEN_STATES, ServiceState
-from slurm_plugin.telemetry.store import TelemetryStore
+from slurm_plugin.store.telemetry_store import TelemetryStore
 from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.conftest import RedisServer, copy_policies
 from tests.integration.test_control_loop import running_job

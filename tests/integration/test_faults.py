@@ -25,7 +25,7 @@ from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.service.factory import build
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
-from slurm_plugin.telemetry import credentials
+from slurm_plugin.store import credentials
 from tests.integration.conftest import (
     REPO,
     SERVICE_LOG,

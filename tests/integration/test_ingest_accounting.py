@@ -15,8 +15,8 @@ from slurm_plugin.model.records import encode_steps
 from slurm_plugin.service.ingest import Ingest
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.state import ServiceState
+from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 from slurm_plugin.telemetry.reporter import StepReporter
-from slurm_plugin.telemetry.store import TelemetryStore, connect
 from slurm_plugin.testing import FakeClock
 from tests.integration.conftest import RedisServer, wait_for
 from tests.integration.test_control_loop import running_job

@@ -21,7 +21,7 @@ from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.policy.rails import SafetyPolicy
 from slurm_plugin.service.identity import Known, fields_of, same_job, token
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.telemetry import credentials, registration
+from slurm_plugin.store import credentials, registration
 from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.conftest import RedisServer, Slurm
 from tests.integration.test_control_loop import (

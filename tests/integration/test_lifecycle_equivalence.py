@@ -31,7 +31,7 @@ from slurm_plugin.policy.loader import load_policy
 from slurm_plugin.replay import Replay
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.telemetry.store import TelemetryStore
+from slurm_plugin.store.telemetry_store import TelemetryStore
 from slurm_plugin.testing import FakeClock, FakeScheduler
 from slurm_plugin.trace import read_trace, write_trace
 from slurm_plugin.trace_meta import CHECKPOINT_END, JobFacts, TraceContext

@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from slurm_plugin.devcluster import DevCluster
-from slurm_plugin.telemetry import registration
-from slurm_plugin.telemetry.node_record import NodeRecord
+from slurm_plugin.store import registration
+from slurm_plugin.store.nodes import NodeRecord
 from tests.integration.conftest import Slurm, install_prolog, wait_for
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ from slurm_plugin import StepReporter
 from slurm_plugin.config import load_settings
 from slurm_plugin.model import keys
 from slurm_plugin.slurm.runner import run_command
-from slurm_plugin.telemetry import credentials
-from slurm_plugin.telemetry.store import TelemetryStore, connect
+from slurm_plugin.store import credentials
+from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 from tests.integration.conftest import RedisServer, free_port, wait_for
 
 

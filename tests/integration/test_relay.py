@@ -18,11 +18,11 @@ from slurm_plugin import StepReporter
 from slurm_plugin.errors import RedisUnavailableError
 from slurm_plugin.model import keys
 from slurm_plugin.model.records import StepRecord, encode_steps
+from slurm_plugin.store.telemetry_store import Seen, TelemetryStore, connect
 from slurm_plugin.telemetry import outlet as outlet_module
 from slurm_plugin.telemetry import relay as relay_module
 from slurm_plugin.telemetry.relay import Relay, parse_message
 from slurm_plugin.telemetry.relay_client import RelayClient
-from slurm_plugin.telemetry.store import Seen, TelemetryStore, connect
 from tests.integration.conftest import RedisServer, wait_for
 
 pytestmark = pytest.mark.integration

@@ -25,9 +25,9 @@ from slurm_plugin.model import keys
 from slurm_plugin.service.evidence import gather_evidence
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.runner import run_command
-from slurm_plugin.telemetry import credentials, node_record, registration
-from slurm_plugin.telemetry.node_record import NodeRecord
-from slurm_plugin.telemetry.store import TelemetryStore, Tls, connect, ping
+from slurm_plugin.store import credentials, nodes, registration
+from slurm_plugin.store.nodes import NodeRecord
+from slurm_plugin.store.telemetry_store import TelemetryStore, Tls, connect, ping
 from tests.integration.conftest import REPO, RedisServer, Slurm, free_port, wait_for
 
 
@@ -255,7 +255,7 @@ def test_job_credentials_issued_confined_and_revoked(
     assert "NOPERM" in lines["keys"]
     assert "NOPERM" in lines["flush"]
     assert registration.read(admin, job_id).nodes != "node9"
-    assert NodeRecord(admin, "node1").fields().get(node_record.STATE) != "persistent"
+    assert NodeRecord(admin, "node1").fields().get(nodes.STATE) != "persistent"
     assert admin.xlen(keys.job_steps(job_id)) == 1
     slurm.run("scancel", job_id)
     wait_for(

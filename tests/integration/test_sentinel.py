@@ -20,9 +20,9 @@ from slurm_plugin.model.batch import RecordBatch
 from slurm_plugin.service.ingest import Ingest
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.telemetry import credentials
+from slurm_plugin.store import credentials
+from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 from slurm_plugin.telemetry.reporter import StepReporter
-from slurm_plugin.telemetry.store import TelemetryStore, connect
 from slurm_plugin.testing import FakeClock
 from tests.integration._sentinel import SentinelSet
 from tests.integration.conftest import SERVICE_LOG, Slurm, acl_users, wait_cycles, wait_for

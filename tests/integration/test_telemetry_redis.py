@@ -19,8 +19,8 @@ from structlog.testing import capture_logs
 from slurm_plugin import StepReporter
 from slurm_plugin.cli.main import cli
 from slurm_plugin.model import keys
+from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 from slurm_plugin.telemetry import reporter as reporter_module
-from slurm_plugin.telemetry.store import TelemetryStore, connect
 from tests.integration.conftest import RedisServer, Slurm, wait_for
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.telemetry.store import TelemetryStore, connect
+from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 from tests.integration.conftest import free_port
 
 pytest.importorskip("torch", reason="the torch extra is installed by `make install`")

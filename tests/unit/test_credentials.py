@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from slurm_plugin.errors import RedisUnavailableError, TelemetryError
-from slurm_plugin.telemetry import credentials
-from slurm_plugin.telemetry.store import Tls, connect
+from slurm_plugin.store import credentials
+from slurm_plugin.store.telemetry_store import Tls, connect
 
 
 def test_rules_grant_append_only_on_the_jobs_streams() -> None:

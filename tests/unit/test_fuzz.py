@@ -29,7 +29,7 @@ from slurm_plugin.slurm.parsers import (
     parse_sinfo_json,
     parse_squeue_json,
 )
-from slurm_plugin.telemetry import credentials
+from slurm_plugin.store import credentials
 from slurm_plugin.trace import TRACE_COLUMNS, read_trace
 
 REPO = Path(__file__).resolve().parents[2]

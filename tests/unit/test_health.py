@@ -317,7 +317,7 @@ def test_the_prologs_problem_line_says_whether_redis_was_the_trouble(
     """A Redis that cannot be reached (or a URL that names none) reads "Redis unavailable";
     a fault of ours is named as what it is, never blamed on Redis."""
     from slurm_plugin.health.hook import HookResult, _redis_prolog  # noqa: PLC0415
-    from slurm_plugin.telemetry.node_record import NodeRecord  # noqa: PLC0415
+    from slurm_plugin.store.nodes import NodeRecord  # noqa: PLC0415
 
     away = HookResult(node="node1", job_id="")
     _redis_prolog(Settings(redis={"url": "http://not-redis"}), {}, away)

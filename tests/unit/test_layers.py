@@ -24,8 +24,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("detection",),  # the pure core ...
     ("policy",),  # ... and what it decides with
     ("config",),
-    ("slurm", "telemetry", "trace", "trace_meta"),  # adapters: Slurm, Redis, trace files
-    ("health", "replay", "whatif"),  # the prolog and epilog; the backtest's decisions
+    ("slurm", "store", "trace", "trace_meta"),  # adapters: Slurm, Redis, trace files
+    ("telemetry", "health", "replay", "whatif"),  # in-job side; prolog/epilog; backtest
     ("service", "backtest"),
     ("testing", "devcluster"),
     ("demo",),
@@ -213,15 +213,19 @@ def test_the_cli_loads_no_dev_tooling_until_a_dev_command_runs() -> None:
 
 def test_the_checker_sees_a_wrong_arrow(tmp_path: Path) -> None:
     package = tmp_path / "slurm_plugin"
-    for unit in ("detection", "telemetry", "health"):
+    for unit in ("detection", "store", "health"):
         (package / unit).mkdir(parents=True)
         (package / unit / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
-    (package / "detection" / "job.py").write_text("from slurm_plugin.telemetry import store\n")
-    (package / "telemetry" / "store.py").write_text("def f():\n    from ..health import hook\n")
-    (package / "health" / "hook.py").write_text("from slurm_plugin.telemetry import store\n")
+    (package / "detection" / "job.py").write_text(
+        "from slurm_plugin.store import telemetry_store\n"
+    )
+    (package / "store" / "telemetry_store.py").write_text(
+        "def f():\n    from ..health import hook\n"
+    )
+    (package / "health" / "hook.py").write_text("from slurm_plugin.store import telemetry_store\n")
     wrong = wrong_arrows(import_graph(package))
     assert wrong == [
-        "slurm_plugin.detection.job -> slurm_plugin.telemetry.store",
-        "slurm_plugin.telemetry.store -> slurm_plugin.health.hook",
+        "slurm_plugin.detection.job -> slurm_plugin.store.telemetry_store",
+        "slurm_plugin.store.telemetry_store -> slurm_plugin.health.hook",
     ]

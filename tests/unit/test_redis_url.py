@@ -15,8 +15,8 @@ from slurm_plugin.model.redis_url import (
     password_of,
     with_user,
 )
-from slurm_plugin.telemetry import credentials
-from slurm_plugin.telemetry.store import connect, entries_page
+from slurm_plugin.store import credentials
+from slurm_plugin.store.telemetry_store import connect, entries_page
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,8 @@ from structlog.testing import capture_logs
 from slurm_plugin import StepReporter
 from slurm_plugin.errors import RedisUnavailableError
 from slurm_plugin.model.columns import decode_entries
+from slurm_plugin.store.telemetry_store import TelemetryStore
 from slurm_plugin.telemetry import reporter as reporter_module
-from slurm_plugin.telemetry.store import TelemetryStore
 from slurm_plugin.testing import FakeStore
 
 

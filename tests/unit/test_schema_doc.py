@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from slurm_plugin.model import keys
-from slurm_plugin.telemetry import node_record, registration
+from slurm_plugin.store import nodes, registration
 
 JOB = "4242"
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "redis-schema.md").read_text()
@@ -38,5 +38,5 @@ def test_every_owned_field_is_documented() -> None:
     rows = {line.split("|")[1].strip(): line for line in DOC.splitlines() if line.startswith("|")}
     node_row = rows["`stg:node:{N}`"]
     meta_row = rows["`stg:job:{J}:meta`"]
-    assert [f for f in node_record.FIELDS if f"`{f}`" not in node_row] == []
+    assert [f for f in nodes.FIELDS if f"`{f}`" not in node_row] == []
     assert [f for f in registration.FIELDS if f"`{f}`" not in meta_row] == []

@@ -10,8 +10,8 @@ from structlog.testing import capture_logs
 from slurm_plugin.probes.cpu import sample_cpu
 from slurm_plugin.probes.fake_nvml import FakeGpu, FakeNvml
 from slurm_plugin.probes.gpu import NvmlProbe, NvmlUnavailableError, decode_throttle_reasons
+from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 from slurm_plugin.telemetry.sidecar import Sidecar
-from slurm_plugin.telemetry.store import TelemetryStore, connect
 
 
 def _store() -> TelemetryStore:

@@ -26,7 +26,7 @@ import tomli_w
 from slurm_plugin.errors import TelemetryError
 from slurm_plugin.model import keys
 from slurm_plugin.model.redis_url import with_user
-from slurm_plugin.telemetry.sentinel import every_server
+from slurm_plugin.store.sentinel import every_server
 
 log = structlog.get_logger(__name__)
 

@@ -28,7 +28,7 @@ from slurm_plugin.model.records import (
     to_text,
 )
 from slurm_plugin.model.relayed import is_relayed
-from slurm_plugin.telemetry.sentinel import master_client
+from slurm_plugin.store.sentinel import master_client
 
 if TYPE_CHECKING:
     from slurm_plugin.config import Settings
