@@ -158,6 +158,7 @@ def run_backtest(
             )
             histories[node] = transition.history
     replay.until(np.inf)
+    replay.end()
     result.persistent_nodes = sorted(n for n, h in histories.items() if h.state == "persistent")
     result.late_records = detector.late_records
     return result

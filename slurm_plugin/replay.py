@@ -38,6 +38,7 @@ from slurm_plugin.policy.lifecycle import (
     Waiting,
     World,
     detected,
+    ended,
     tick,
 )
 from slurm_plugin.policy.rails import SafetyPolicy
@@ -247,7 +248,9 @@ class Replay:
             if effect.after != "detection":
                 row.update(node=effect.event.node, acted_ts=now, after=effect.after)
         elif isinstance(effect, Close):
-            if effect.note:
+            if effect.abandoned:  # a wait still open when the job's records end stays a wait
+                row["note"] = effect.note
+            elif effect.note:
                 row.update(action="none", note=effect.note)
             else:
                 row.update(action="none", reasons=[*row["reasons"], *effect.reasons])
@@ -287,6 +290,15 @@ class Replay:
                     break
                 w = self.waiting[job_id] = replace(w, state=state, again_at=due + self.cycle_s)
                 due = self._due(job_id, w)
+
+    def end(self) -> None:
+        """The trace ended: every job's waiting decision is abandoned, as the service
+        abandons those of jobs that stopped running (its row stays ``wait``)."""
+        for job_id, w in list(self.waiting.items()):
+            _, effects = ended(w.state.decision_id)
+            for effect in effects:
+                self._carry_out(job_id, effect, w.row, self.last_ts[job_id])
+            del self.waiting[job_id]
 
 
 def _row(decision: Decision) -> dict[str, Any]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import re
 import shutil
 import sys
@@ -32,6 +31,7 @@ from slurm_plugin.service.factory import build
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.slurm.rights import administrator
+from slurm_plugin.store.job_state import JobState
 
 log = structlog.get_logger(__name__)
 
@@ -111,16 +111,16 @@ def jobs(settings: Settings, as_json: bool) -> None:
     for job in scheduler.jobs():
         if not job.running:
             continue
-        job_state = state.job(job.job_id)
+        job_state = state.job_state(job.job_id)
         rows.append(
             {
                 "job": job.job_id,
                 "user": job.user,
-                "policy": job_state.get("policy") or "-",
+                "policy": job_state.policy or "-",
                 "nodes": ",".join(job.nodes),
                 "restarts": job.restarts,
-                "evictions": job_state.get("evictions", "0"),
-                "waiting": job_state.get("waiting") or "-",
+                "evictions": str(job_state.evictions),
+                "waiting": job_state.waiting or "-",
             }
         )
     emit_rows(
@@ -183,19 +183,17 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
             )
         rows.append(row)
     decisions = [typed(d) for d in state.job_decisions(job_id)]
-    known = state.job(job_id)
-    if not rows and not decisions and not known:
+    known = state.job_state(job_id)
+    if not rows and not decisions and known == JobState():
         raise StragglerError(
             f"no telemetry, decisions or state for job {printable(job_id[:32])!r} (hint: "
             "`straggler jobs` lists the running ones; decisions expire after "
             "service.decision_retention_s)"
         )
-    ignored = {
-        k.removeprefix("ignored_"): int(v) for k, v in known.items() if k.startswith("ignored_")
-    }
-    structure = _structure(known.get("structure"))
-    lost = int(known.get("steps_lost", "0") or 0)
-    missing = int(known.get("steps_missing", "0") or 0)
+    ignored = known.ignored
+    structure = known.structure or []
+    lost = known.steps_lost or 0
+    missing = known.steps_missing or 0
     if as_json:
         emit_json(
             {
@@ -263,15 +261,6 @@ def _goodput_line(decision_id: str, g: dict[str, Any]) -> str:
         f"checkpoint: saves {round(float(g.get('saved_s') or 0))} s, costs "
         f"{round(float(g.get('cost_s') or 0))} s"
     )
-
-
-def _structure(raw: str | None) -> list[dict[str, Any]]:
-    """The job's learned structure from its state (written by the service only)."""
-    try:
-        value = json.loads(raw) if raw else []
-    except json.JSONDecodeError:
-        return []
-    return [g for g in value if isinstance(g, dict)] if isinstance(value, list) else []
 
 
 @click.command("pause")

@@ -20,10 +20,10 @@ from slurm_plugin.demo.slowdown import CpuQuota
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.errors import CommandTimeoutError, DevClusterError, StragglerError
 from slurm_plugin.model.records import StepRecord
-from slurm_plugin.service.record import number_or
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.parsers import expand_hostlist, parse_scontrol_record
 from slurm_plugin.slurm.runner import run_command
+from slurm_plugin.store import decision as decision_record
 from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 
 REPO = Path(__file__).resolve().parents[2]
@@ -304,6 +304,12 @@ _DECISION_FIELDS = (
 )
 
 
+def _step(decision: dict[str, str]) -> int:
+    """The step a decision was taken at (-1: none)."""
+    step = decision_record.read(decision).step
+    return -1 if step is None else step
+
+
 def summarize(run: DemoRun) -> dict[str, Any]:
     """The figures of one run: detection delay, onset -> requeue, step rates, work lost."""
     nodes = expand_hostlist(run.job.get("NodeList", ""))
@@ -313,8 +319,8 @@ def summarize(run: DemoRun) -> dict[str, Any]:
     # counted apart, and the test holds that it did nothing.
     onset = run.onset_step if run.onset_step is not None else math.inf
     on_node = [d for d in run.decisions if d.get("node") == SLOW_NODE]
-    detection = next((d for d in on_node if number_or(d.get("step"), -1) >= onset), None)
-    early = [d for d in run.decisions if number_or(d.get("step"), -1) < onset]
+    detection = next((d for d in on_node if _step(d) >= onset), None)
+    early = [d for d in run.decisions if _step(d) < onset]
     rank0 = sorted((r for r in run.records if r.rank == 0), key=lambda r: r.ts)
     first_run = [r for r in rank0 if r.attempt == 0]
     second_run = [r for r in rank0 if r.attempt > 0]

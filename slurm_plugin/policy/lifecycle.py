@@ -14,8 +14,10 @@ A job is either *idle* (``None``) or has one decision :class:`Waiting`. Two inpu
   (``recheck``, the next cycle). Of its candidates, the one slowest in the newest steps is
   decided on again, as if the job reported no checkpoints, on the candidate's own event.
 
-A job that stops running has its waiting decision closed by whoever holds it (the service's
-state, the end of the trace). Every eviction, waited or not, is
+- :func:`ended`: the job stopped running (ended, requeued or held by another, the end of
+  its trace): its waiting decision is abandoned, nothing is waited for any more.
+
+Every eviction, waited or not, is
 one :class:`Evict` effect carrying the verdict it was decided on, so what it saves and costs
 reaches the same accounting on both paths.
 """
@@ -127,11 +129,17 @@ class Missed:
 
 @dataclass(frozen=True)
 class Close:
-    """End the job's waiting decision without an eviction (``note``: superseded or ended)."""
+    """End the job's waiting decision without an eviction (``note``: why it was superseded);
+    ``abandoned``: the job stopped running while it waited (``note`` says so)."""
 
     decision_id: str
     reasons: tuple[str, ...] = ()
     note: str = ""
+    abandoned: bool = False
+
+
+#: Why a waiting decision of a job that stopped running is abandoned.
+ENDED = "the job stopped running (ended, requeued or held) while waiting"
 
 
 @dataclass(frozen=True)
@@ -268,7 +276,14 @@ def tick(state: Waiting | None, world: World) -> tuple[Waiting | None, list[Effe
     return None, [*effects, evict]
 
 
+def ended(decision_id: str) -> tuple[None, list[Effect]]:
+    """The job of the waiting decision ``decision_id`` stopped running: abandoned (by id: a
+    record too damaged to be decided on again is still closed)."""
+    return None, [Close(decision_id, note=ENDED, abandoned=True)]
+
+
 __all__ = [
+    "ENDED",
     "UNKNOWN",
     "After",
     "Candidate",
@@ -283,6 +298,7 @@ __all__ = [
     "Waiting",
     "World",
     "detected",
+    "ended",
     "slowest",
     "tick",
 ]

@@ -5,13 +5,14 @@ effects in memory (replay.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
 
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.policy import lifecycle
 from slurm_plugin.policy.lifecycle import (
     Close,
     Effect,
@@ -25,11 +26,12 @@ from slurm_plugin.policy.lifecycle import (
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.metrics import Metrics
-from slurm_plugin.service.record import decision_record, job_context
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.service.value import Value
 from slurm_plugin.service.waiting import candidates_field, event_fields, waiting_of
 from slurm_plugin.slurm import marks
+from slurm_plugin.store.decision import verdict_fields
+from slurm_plugin.store.job_state import JobState
 
 log = structlog.get_logger(__name__)
 
@@ -63,20 +65,18 @@ class Decisions:
         self.dry_run = dry_run
 
     # -- the lifecycle's state -----------------------------------------------------------
-    def waiting(self, job_state: Mapping[str, str]) -> Waiting | None:
+    def waiting(self, job_state: JobState) -> Waiting | None:
         """The job's open waiting decision (``job_state``: its service state, as read this
         cycle), as the lifecycle's state (None: idle)."""
-        decision_id = job_state.get("waiting")
-        if not decision_id:
+        if not job_state.waiting:
             return None
-        since = job_context(job_state).waiting_since
-        return waiting_of(decision_id, self.state.decision(decision_id), since)
+        return waiting_of(self.state.record(job_state.waiting), job_state.waiting_since)
 
     def evicting(self, job_id: str) -> bool:
         """An eviction of this job is still open (its outcome not yet known)."""
         return any(
-            d.get("job_id") == job_id and d.get("action") == "evict" and d.get("state") != "waiting"
-            for d in self.state.open_decisions()
+            d.job_id == job_id and d.action == "evict" and d.state != "waiting"
+            for d in self.state.open_records()
         )
 
     # -- effects ---------------------------------------------------------------------------
@@ -120,26 +120,45 @@ class Decisions:
                 # Decided on as if the job reported no checkpoints until its next one.
                 self.state.update_job(job.job_id, wait_expired_ts=f"{effect.now:.3f}")
             elif isinstance(effect, Close):
-                self._close(job, effect)
+                self._close(job.job_id, effect)
             else:
                 done.append(self._evict(effect, job, policy, now, base, evidence))
         return done
 
-    def _close(self, job: JobInfo, effect: Close) -> None:
+    def ended(self, running: set[str]) -> list[str]:
+        """The lifecycle's :func:`~slurm_plugin.policy.lifecycle.ended` for every waiting
+        decision of a job not in ``running`` (Slurm's answer, never a guess while it is
+        away); the ids closed."""
+        closed = []
+        for rec in self.state.open_records():
+            if rec.state == "waiting" and rec.job_id not in running:
+                _, effects = lifecycle.ended(rec.id)
+                for effect in effects:
+                    if isinstance(effect, Close):
+                        self._close(rec.job_id or "", effect)
+                closed.append(rec.id)
+        return closed
+
+    def _close(self, job_id: str, effect: Close) -> None:
+        if effect.abandoned:
+            self.state.save_decision(
+                effect.decision_id, {"state": "abandoned", "error": effect.note}
+            )
+            return
         fields: dict[str, Any] = {"state": "recorded", "decision": "none"}
         if effect.reasons:
             fields["reasons"] = list(effect.reasons)
             log.info(
                 "service.decision",
                 decision_id=effect.decision_id,
-                job_id=job.job_id,
+                job_id=job_id,
                 action="none",
                 reasons=list(effect.reasons),
             )
         if effect.note:
             fields["note"] = effect.note
         self.state.save_decision(effect.decision_id, fields)
-        self.state.update_job(job.job_id, waiting="", waiting_since="")
+        self.state.update_job(job_id, waiting="", waiting_since="")
 
     def _mark(self, effect: Record | Evict) -> str:
         event = effect.event
@@ -207,7 +226,7 @@ class Decisions:
             )
             self.metrics.actions.labels(action="evict", outcome="failed").inc()
             return "failed"
-        evictions = job_context(self.state.job(job.job_id)).evictions
+        evictions = self.state.job_state(job.job_id).evictions
         self.state.update_job(
             job.job_id,
             evictions=evictions + 1,
@@ -259,7 +278,7 @@ def _record(
     event, decision = effect.event, effect.decision
     return {
         **(base or {}),
-        **decision_record(event, decision, *evidence, effect.node_incidents),
+        **verdict_fields(event, decision, *evidence, effect.node_incidents),
         **event_fields(event),
         **effect.extra,
     }

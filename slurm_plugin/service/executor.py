@@ -14,7 +14,6 @@ through is released anyway (``failed``, "released without exclusion") rather tha
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 
@@ -24,10 +23,10 @@ from slurm_plugin.errors import CommandTimeoutError, JobNotFoundError, SlurmErro
 from slurm_plugin.model.cluster import OTHERS_HOLDS, JobInfo
 from slurm_plugin.service.identity import Known, describe, fields_of, same_job
 from slurm_plugin.service.node_actions import NodeActions
-from slurm_plugin.service.record import number_or
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.scheduler import Scheduler
+from slurm_plugin.store.decision import DecisionRecord
 
 log = structlog.get_logger(__name__)
 
@@ -231,24 +230,23 @@ class Executor:
     def recover(self) -> list[str]:
         """Finish or close every decision a previous service (or cycle) left open."""
         done = []
-        for rec in self.state.open_decisions():
-            action = rec.get("action")
-            if action in {"drain", "resume"}:
+        for rec in self.state.open_records():
+            if rec.action in {"drain", "resume"}:
                 finished = self.nodes.recover(rec) != "pending"
-            elif action == "release":
+            elif rec.action == "release":
                 finished = self._recover_release(rec)
-            elif action == "evict" and rec.get("state") != "waiting":
+            elif rec.action == "evict" and rec.state != "waiting":
                 finished = self._recover_eviction(rec)
             else:
                 continue
             if finished:
-                done.append(rec["id"])
+                done.append(rec.id)
         return done
 
-    def _recover_eviction(self, rec: dict[str, str]) -> bool:
-        decision_id, state = rec["id"], rec.get("state", "")
-        job_id, node = rec.get("job_id", ""), _nodes(rec)
-        before = int(rec.get("restarts_before", "0") or 0)
+    def _recover_eviction(self, rec: DecisionRecord) -> bool:
+        decision_id, state = rec.id, rec.state or ""
+        job_id, node = rec.job_id or "", tuple(rec.nodes or [rec.node or ""])
+        before = rec.restarts_before or 0
         log.warning("executor.recovering", decision_id=decision_id, job_id=job_id, state=state)
         try:
             job = self.slurm.job(job_id)
@@ -265,16 +263,16 @@ class Executor:
         now = self.clock()
         if state == "planned" and not (job.held and job.restarts > before):
             # An scontrol started before a crash or timeout may still land: wait a while.
-            if now - number_or(rec.get("planned_at"), now) < self.unknown_grace_s:
+            if now - (rec.planned_at or now) < self.unknown_grace_s:
                 return False
             # requeuehold never happened: nothing to undo; detection will speak again.
             self.state.save_decision(
                 decision_id,
-                {"state": "abandoned", "error": rec.get("error") or "stopped before acting"},
+                {"state": "abandoned", "error": rec.error or "stopped before acting"},
             )
             self.state.uncount_eviction(job_id)
         elif state == "released":
-            self._verify(decision_id, job_id, node, before, number_or(rec.get("released_at"), now))
+            self._verify(decision_id, job_id, node, before, rec.released_at or now)
         else:  # planned (held by us), held or excluded
             if state == "planned":  # our requeuehold landed after all: held from now on
                 held_at = now
@@ -282,7 +280,7 @@ class Executor:
                     decision_id, {"state": "held", "held_at": f"{now:.3f}", "recovered": "yes"}
                 )
             else:
-                held_at = number_or(rec.get("held_at"), now)
+                held_at = rec.held_at or now
             self._finish(decision_id, job_id, node, before, held_at)
         return True
 
@@ -294,9 +292,7 @@ class Executor:
         recover()'s; a hold without our eviction mark is someone else's and left alone."""
         released = []
         why = "which Redis does not know (lost in a restart?): released rather than left held"
-        releasing = {
-            d.get("of") for d in self.state.open_decisions() if d.get("action") == "release"
-        }
+        releasing = {d.of for d in self.state.open_records() if d.action == "release"}
         for job in jobs:
             if not job.held:
                 continue
@@ -304,15 +300,15 @@ class Executor:
             if found is None or found[1] or found[0] in releasing:  # released: not held by us
                 continue
             ours = found[0]
-            known = self.state.decision(ours)
+            known = self.state.record(ours)
             reasons = [f"held with our eviction mark {ours}, {why}"]
-            if known:
+            if known.state is not None:
                 late = _landed_late(ours, known, job)
                 if late is None:
                     continue  # recover()'s, or done with
                 reasons = [late]
             decision_id = marks.new_decision_id()
-            if known:
+            if known.state is not None:
                 self.state.save_decision(ours, {"landed_late": decision_id})
             self.state.save_decision(
                 decision_id,
@@ -332,22 +328,26 @@ class Executor:
             released.append(job.job_id)
         return released
 
-    def _abandoned_as_another_job(self, rec: dict[str, str], job: JobInfo) -> bool:
+    def _abandoned_as_another_job(self, rec: DecisionRecord, job: JobInfo) -> bool:
         """True (and the decision abandoned) when Slurm gave the decision's job id to another
         job (controller reinstalled, MaxJobId wrapped): whatever the old job's action left
         undone, this job is never touched."""
-        known = Known.of(rec, prefix="job_")
-        if known is None or same_job(known, job):
+        if rec.job_user is None:
+            return False
+        known = Known(
+            rec.job_user, rec.job_submit_ts, rec.job_restarts or 0, rec.job_first_submit_ts
+        )
+        if same_job(known, job):
             return False
         self.state.save_decision(
-            rec["id"],
+            rec.id,
             {
                 "state": "abandoned",
                 "error": f"job id {job.job_id} is now another job ({describe(job)}): "
                 "nothing done to it",
             },
         )
-        log.warning("executor.job_id_reused", decision_id=rec["id"], job_id=job.job_id)
+        log.warning("executor.job_id_reused", decision_id=rec.id, job_id=job.job_id)
         return True
 
     def _held_by_another(self, job_id: str) -> str | None:
@@ -379,8 +379,8 @@ class Executor:
         self.state.save_decision(decision_id, {"state": "verified", "verified": job.state})
         return True
 
-    def _recover_release(self, rec: dict[str, str]) -> bool:
-        decision_id, job_id = rec["id"], rec.get("job_id", "")
+    def _recover_release(self, rec: DecisionRecord) -> bool:
+        decision_id, job_id = rec.id, rec.job_id or ""
         try:
             job = self.slurm.job(job_id)
         except JobNotFoundError:
@@ -441,32 +441,21 @@ class Executor:
         return self.nodes.resume(node, reason, decision_id)
 
 
-def _landed_late(decision_id: str, decision: dict[str, str], job: JobInfo) -> str | None:
+def _landed_late(decision_id: str, decision: DecisionRecord, job: JobInfo) -> str | None:
     """Why a held job whose eviction decision Redis knows is ours to release: the decision
     was given up (its requeuehold timed out, then landed later: slurmctld under load), so
     nobody else will. None when it is not (open, verified, released once already)."""
-    if decision.get("action") != "evict" or decision.get("landed_late"):
+    if decision.action != "evict" or decision.landed_late:
         return None
-    if decision.get("state") not in {"abandoned", "failed"}:
+    if decision.state not in {"abandoned", "failed"}:
         return None
-    before = int(decision.get("restarts_before", "0") or 0)
-    if job.restarts <= before:
+    if job.restarts <= (decision.restarts_before or 0):
         return None
     return (
         f"held by our eviction {decision_id}, given up as "
-        f"{decision.get('state')} before its requeue landed: released rather than left held"
+        f"{decision.state} before its requeue landed: released rather than left held"
     )
 
 
 def _timed_out(exc: SlurmError) -> bool:
     return isinstance(exc.__cause__, CommandTimeoutError)
-
-
-def _nodes(rec: dict[str, str]) -> tuple[str, ...]:
-    """The nodes an eviction excludes: its ``nodes`` list, else (0.1's records) its node."""
-    try:
-        listed = json.loads(rec.get("nodes") or "[]")
-    except ValueError:
-        listed = []
-    found = tuple(n for n in listed if isinstance(n, str)) if isinstance(listed, list) else ()
-    return found or (rec.get("node", ""),)

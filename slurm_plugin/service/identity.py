@@ -26,6 +26,8 @@ from slurm_plugin.model import keys
 from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.service.state import OPEN_STATES, ServiceState
 from slurm_plugin.slurm import marks
+from slurm_plugin.store import job_state
+from slurm_plugin.store.job_state import JobState
 from slurm_plugin.store.telemetry_store import TelemetryStore
 
 log = structlog.get_logger(__name__)
@@ -127,7 +129,7 @@ class Identities:
         self.tokens: dict[str, str] = {}
         #: Each checked job's service state as it stands after the check (the cycle reads its
         #: cursors and waiting decision from it: one read of every job's state a cycle).
-        self.states: dict[str, dict[str, str]] = {}
+        self.states: dict[str, JobState] = {}
 
     def check(self, jobs: Iterable[JobInfo]) -> list[str]:
         """Record or update each job's identity; returns the ids Slurm now gives another job
@@ -155,7 +157,7 @@ class Identities:
                 fields.update(self._restore_budget(job))
             if known is None or any(kept.get(k) != v for k, v in fields.items()):
                 self.state.update_job(job.job_id, **fields)
-            self.states[job.job_id] = {**kept, **fields}
+            self.states[job.job_id] = job_state.read({**kept, **fields})
             self.tokens[job.job_id] = token(job.job_id, _number(fields["identity_first_submit_ts"]))
         return reused
 
@@ -196,9 +198,9 @@ class Identities:
         """Close and drop the earlier job's state; the state the id starts with now."""
         now = describe(job)
         why = f"job id {job.job_id} is now another job ({now}): nothing more is done for it"
-        for decision in self.state.job_decisions(job.job_id):
-            if decision.get("state") in OPEN_STATES:
-                self.state.save_decision(decision["id"], {"state": "abandoned", "error": why})
+        for decision in self.state.job_records(job.job_id):
+            if decision.state in OPEN_STATES:
+                self.state.save_decision(decision.id, {"state": "abandoned", "error": why})
         self.state.forget_job(job.job_id)
         # Entries Redis kept from the old job (a stream that outlived it) are skipped: the
         # cursors start at the streams' ends now (the new job's first seconds may go too).

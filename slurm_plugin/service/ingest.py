@@ -5,7 +5,6 @@ sweep of per-job credentials whose job is gone."""
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,9 +19,9 @@ from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.model.columns import Decoded, decode_many
 from slurm_plugin.service.evidence import EvidenceFilter
 from slurm_plugin.service.metrics import Metrics
-from slurm_plugin.service.record import number
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.store import credentials
+from slurm_plugin.store.job_state import JobState
 from slurm_plugin.store.telemetry_store import (
     Raw,
     Seen,
@@ -91,7 +90,7 @@ class Ingest:
         if not found:
             return
         self._structure_noted[job.job_id] = job.restarts
-        self.state.update_job(job.job_id, structure=json.dumps(found))
+        self.state.update_job(job.job_id, structure=found)
         log.info("service.structure", job_id=job.job_id, attempt=job.restarts, groups=found)
 
     def steps(self, job: JobInfo, detector: Detector) -> tuple[Kept, int]:
@@ -101,7 +100,7 @@ class Ingest:
     def read(
         self,
         jobs: Sequence[tuple[JobInfo, Detector]],
-        known: Mapping[str, Mapping[str, str]] | None = None,
+        known: Mapping[str, JobState] | None = None,
     ) -> dict[str, tuple[Kept, int]]:
         """Feed each job's new, believed records to its detector and note its checkpoints;
         per job, what was kept and how many records the evidence rules dropped. Entries
@@ -112,9 +111,9 @@ class Ingest:
         if not jobs:
             return {}
         ids = [job.job_id for job, _ in jobs]
-        states = known if known is not None else self.state.jobs(ids)
+        states = known if known is not None else self.state.job_states(ids)
         cursors = [
-            Cursor(i, states[i].get("steps_cursor", "0-0"), states[i].get("events_cursor", "0-0"))
+            Cursor(i, states[i].steps_cursor or "0-0", states[i].events_cursor or "0-0")
             for i in ids
         ]
         first = read_first(self.state.client, cursors, PAGE)  # a text client: hiredis decodes
@@ -123,7 +122,7 @@ class Ingest:
             for c, f in zip(cursors, first, strict=True)
         ]
         for read, page in zip(reads, first, strict=True):
-            read.limit = _limit(read.mark, _count(states[read.job_id], "steps_read"))
+            read.limit = _limit(read.mark, states[read.job_id].steps_read or 0)
             read.take(page.steps, self._seen.setdefault(read.job_id, {}))
         while wanted := [r for r in reads if r.more]:  # the jobs with more waiting
             pages = read_more(
@@ -145,7 +144,7 @@ class Ingest:
         return out
 
     def _account(
-        self, job: JobInfo, known: Mapping[str, str], read: _JobRead, decoded: Decoded
+        self, job: JobInfo, known: JobState, read: _JobRead, decoded: Decoded
     ) -> dict[str, str]:
         """The job's cursor and counts after ``read``; repeats, malformed and lost entries
         logged and counted."""
@@ -156,16 +155,16 @@ class Ingest:
                 entries=decoded.malformed,
                 errors=decoded.errors,
             )
-        total = _count(known, "steps_read") + read.read
+        total = (known.steps_read or 0) + read.read
         update = {"steps_cursor": read.cursor, "steps_read": str(total)}
         if read.repeats:  # a flush retried after Redis had stored it: read once, counted here
-            repeats = _count(known, "steps_repeats") + read.repeats
+            repeats = (known.steps_repeats or 0) + read.repeats
             update["steps_repeats"] = str(repeats)
             log.info(
                 "service.steps_repeated", job_id=job.job_id, entries=read.repeats, total=repeats
             )
         if read.missing:  # numbered by a reporter, never in the stream: a failover lost them
-            missing = _count(known, "steps_missing") + read.missing
+            missing = (known.steps_missing or 0) + read.missing
             update["steps_missing"] = str(missing)
             self.metrics.missing.inc(read.missing)
             log.warning(
@@ -180,7 +179,7 @@ class Ingest:
         mark = read.mark
         if mark is not None and read.cursor == mark.last_id:  # caught up: the rest was trimmed
             lost = max(0, mark.added - total)
-            before = _count(known, "steps_lost")
+            before = known.steps_lost or 0
             if lost > before:
                 update["steps_lost"] = str(lost)
                 self.metrics.lost.inc(lost - before)
@@ -210,9 +209,7 @@ class Ingest:
             detector.add(job.job_id, kept)
         return Kept(len(kept), len(np.unique(kept.rank))), len(batch) - len(kept)
 
-    def _checkpoints(
-        self, job: JobInfo, known: Mapping[str, str], raw: Raw, after: str
-    ) -> dict[str, str]:
+    def _checkpoints(self, job: JobInfo, known: JobState, raw: Raw, after: str) -> dict[str, str]:
         """The job's newest checkpoint (and that it reports checkpoints at all), and the
         period between its checkpoints (the goodput rule's wait for the next one)."""
         events, cursor, malformed = events_of(job.job_id, raw, after)
@@ -225,7 +222,7 @@ class Ingest:
         if checkpoints:  # a forged or broken ts is ignored, never fatal to the cycle
             newest = max(checkpoints)
             update.update(last_checkpoint_ts=f"{newest:.3f}", reports_checkpoints="1")
-            previous = number(known.get("last_checkpoint_ts"))
+            previous = known.last_checkpoint_ts
             earlier = sorted({*checkpoints, *([previous] if previous is not None else [])})
             gaps = [b - a for a, b in itertools.pairwise(earlier) if b > a]
             if gaps:
@@ -287,11 +284,6 @@ def _limit(mark: StreamMark | None, done: int) -> int:
     if mark is None:
         return MAX_ENTRIES_PER_JOB
     return min(MAX_BACKLOG_PER_JOB, max(MAX_ENTRIES_PER_JOB, mark.added - done))
-
-
-def _count(known: Mapping[str, str], key: str) -> int:
-    """A counter the service keeps in the job's state (0 before the first)."""
-    return int(known.get(key, "0") or 0)
 
 
 def forget_oldest(seen: Seen, cap: int) -> None:

@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,12 +36,12 @@ from slurm_plugin.service.ingest import Ingest
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.node_rails import NodeRails
 from slurm_plugin.service.policies import PolicySet
-from slurm_plugin.service.record import job_context
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.service.value import Value
 from slurm_plugin.service.waiting import probe
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.scheduler import Scheduler
+from slurm_plugin.store.job_state import JobState
 from slurm_plugin.store.telemetry_store import TelemetryStore
 
 log = structlog.get_logger(__name__)
@@ -222,7 +222,7 @@ class Service:
                 report.decisions.append(self._handle(event, target, nodes, now))
         for job in running.values():
             self._ingest.note_structure(job, self._detectors.values())
-            if job.job_id in handled or known[job.job_id].get("waiting"):
+            if job.job_id in handled or known[job.job_id].waiting:
                 self._tick(job, nodes, now, report)
         self._node_rails.explain_prolog_drains(nodes)
         self._node_rails.age(now, self.rails)
@@ -251,7 +251,7 @@ class Service:
             self._ingest.forget(job_id)
         self._ingest.forget_all_but(running)
         self._value.forget_all_but(set(running) - reused)
-        self.state.close_waiting(set(running) - reused)
+        self._decisions.ended(set(running) - reused)
 
     def _detector_of(self, job_id: str) -> Detector | None:
         key = self._job_policy.get(job_id)
@@ -328,7 +328,7 @@ class Service:
                 corroborated=bool(evidence[0]),
                 cluster_mode=self._policies.default.actions.mode,
             )
-        job_state = self.state.job(job.job_id)
+        job_state = self.state.job_state(job.job_id)
         held = self._decisions.waiting(job_state)
         world = self._world(job, job_state, policy, nodes, now)
         state, effects, decision = lifecycle.detected(held, event, past, decision_id, world)
@@ -351,7 +351,7 @@ class Service:
     def _world(
         self,
         job: JobInfo,
-        job_state: Mapping[str, str],
+        job_state: JobState,
         policy: Policy,
         nodes: tuple[NodeInfo, ...],
         now: float,
@@ -362,7 +362,7 @@ class Service:
         return lifecycle.World(
             job,
             policy,
-            job_context(job_state),
+            job_state.context(),
             self._cluster(nodes, now),
             now,
             probe(self._detector_of, job, policy.detection.min_slowdown_pct),
@@ -373,7 +373,7 @@ class Service:
         self, job: JobInfo, nodes: tuple[NodeInfo, ...], now: float, report: CycleReport
     ) -> None:
         """The job's waiting decision decided again if what it waits for came."""
-        job_state = self.state.job(job.job_id)
+        job_state = self.state.job_state(job.job_id)
         held = self._decisions.waiting(job_state)
         if held is None:
             return

@@ -19,10 +19,10 @@ import structlog
 
 from slurm_plugin.errors import CommandTimeoutError, SlurmError
 from slurm_plugin.model.cluster import NodeInfo
-from slurm_plugin.service.record import number_or
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.scheduler import Scheduler
+from slurm_plugin.store.decision import DecisionRecord
 
 log = structlog.get_logger(__name__)
 
@@ -81,12 +81,10 @@ class NodeActions:
             "verified"
         )
 
-    def recover(self, rec: Mapping[str, str]) -> str:
+    def recover(self, rec: DecisionRecord) -> str:
         """Finish an open drain or resume from what Slurm shows now."""
-        decision_id, action, node = rec["id"], rec.get("action", ""), rec.get("node", "")
-        return self._check(
-            decision_id, action, node, number_or(rec.get("planned_at"), self.clock())
-        )
+        planned_at = rec.planned_at if rec.planned_at is not None else self.clock()
+        return self._check(rec.id, rec.action or "", rec.node or "", planned_at)
 
     def _act(self, decision_id: str, action: str, node: str, call: Callable[[], None]) -> str:
         planned_at = self.clock()

@@ -16,7 +16,10 @@ from redis.sentinel import SentinelConnectionPool
 from slurm_plugin.errors import ConfigError
 from slurm_plugin.model import keys
 from slurm_plugin.policy.history import NodeHistory
-from slurm_plugin.store import registration
+from slurm_plugin.store import decision as decision_record
+from slurm_plugin.store import job_state, registration
+from slurm_plugin.store.decision import DecisionRecord
+from slurm_plugin.store.job_state import JobState
 from slurm_plugin.store.nodes import NodeRecord
 from slurm_plugin.store.registration import Registration
 from slurm_plugin.store.telemetry_store import RedisClient
@@ -66,11 +69,7 @@ class ServiceState:
             if _STATE_ORDER.get(str(state), 0) < _STATE_ORDER.get(current or "", 0):
                 log.warning("state.stale_write", decision_id=decision_id, state=state, was=current)
                 return
-        flat = {
-            k: json.dumps(v) if isinstance(v, list | dict) else str(v)
-            for k, v in fields.items()
-            if v is not None
-        }
+        flat = decision_record.encode(fields)  # a field the record does not name: an error
         flat["updated_at"] = f"{now:.3f}"
         # Every audit entry names its job, node and action, so filtering the audit by job finds
         # all the state changes of a decision, and each row says what it was about.
@@ -105,8 +104,16 @@ class ServiceState:
         pipe.execute()
 
     def decision(self, decision_id: str) -> dict[str, str]:
-        """One decision's fields."""
+        """One decision's fields, as text (what the CLI shows)."""
         return cast("dict[str, str]", self.client.hgetall(keys.decision(decision_id)))
+
+    def record(self, decision_id: str) -> DecisionRecord:
+        """One decision, typed (an unknown id: every field None)."""
+        return decision_record.read(self.decision(decision_id), decision_id)
+
+    def open_records(self) -> list[DecisionRecord]:
+        """:meth:`open_decisions`, typed."""
+        return [decision_record.read(d, d["id"]) for d in self.open_decisions()]
 
     def replicated(self, timeout_ms: int = REPLICA_WAIT_MS) -> int | None:
         """Behind Sentinel, wait (Redis ``WAIT``, at most ``timeout_ms``) until a replica has
@@ -140,17 +147,6 @@ class ServiceState:
             pipe.hgetall(keys.decision(decision_id))
         found = zip(ids, cast("list[dict[str, str]]", pipe.execute()), strict=True)
         return [{"id": i, **fields} for i, fields in found if fields or keep_empty]
-
-    def close_waiting(self, running: set[str]) -> list[str]:
-        """Close the waiting decisions of jobs that no longer run (``running``: Slurm's
-        answer, never a guess while it is away): nothing is waited for any more."""
-        closed = []
-        for rec in self.open_decisions():
-            if rec.get("state") == "waiting" and rec.get("job_id") not in running:
-                why = "the job stopped running (ended, requeued or held) while waiting"
-                self.save_decision(rec["id"], {"state": "abandoned", "error": why})
-                closed.append(rec["id"])
-        return closed
 
     def audit(
         self,
@@ -190,6 +186,10 @@ class ServiceState:
             decisions, key=lambda d: float(d.get("detected_ts") or d.get("updated_at") or 0)
         )
 
+    def job_records(self, job_id: str) -> list[DecisionRecord]:
+        """:meth:`job_decisions`, typed."""
+        return [decision_record.read(d, d["id"]) for d in self.job_decisions(job_id)]
+
     def evictions_since(self, since: float) -> int:
         """Evictions (jobs requeue-held by us) since ``since``, for the hourly budget."""
         return int(self.client.zcount(keys.EVICTIONS, since, "+inf"))
@@ -203,8 +203,16 @@ class ServiceState:
 
     # -- per-job state -------------------------------------------------------------------------
     def job(self, job_id: str) -> dict[str, str]:
-        """The service's state for a job (cursors, evictions...)."""
+        """The service's state for a job (cursors, evictions...), as text."""
         return cast("dict[str, str]", self.client.hgetall(keys.job_service(job_id)))
+
+    def job_state(self, job_id: str) -> JobState:
+        """The service's state for a job, typed."""
+        return job_state.read(self.job(job_id))
+
+    def job_states(self, job_ids: Sequence[str]) -> dict[str, JobState]:
+        """:meth:`job_state` of many jobs, in one round trip."""
+        return {i: job_state.read(raw) for i, raw in self.jobs(job_ids).items()}
 
     def jobs(self, job_ids: Sequence[str]) -> dict[str, dict[str, str]]:
         """The service's state for many jobs, in one round trip."""
@@ -230,7 +238,7 @@ class ServiceState:
             if not fields:
                 continue
             key = keys.job_service(job_id)
-            pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
+            pipe.hset(key, mapping=cast("dict[Any, Any]", job_state.encode(fields)))
             pipe.expire(key, keys.JOB_TTL_ACTIVE_S)
         pipe.execute()
 

@@ -7,7 +7,7 @@ The re-check reads the rows the job's detector holds of its current attempt
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, get_args
 
@@ -17,7 +17,7 @@ from slurm_plugin.detection import Detector, StragglerEvent
 from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.policy.lifecycle import Candidate, Recheck, Waiting, WaitingFor
 from slurm_plugin.policy.verdict import RECOVERED_BELOW
-from slurm_plugin.service.record import number
+from slurm_plugin.store.decision import DecisionRecord
 
 log = structlog.get_logger(__name__)
 
@@ -53,22 +53,21 @@ def event_fields(event: StragglerEvent) -> dict[str, Any]:
     return {"event": {k: v for k, v in event.to_dict().items() if k != "ranks"}}
 
 
-def waiting_of(decision_id: str, rec: Mapping[str, str], since: float | None) -> Waiting | None:
+def waiting_of(rec: DecisionRecord, since: float | None) -> Waiting | None:
     """The lifecycle's waiting state from a waiting decision's record (None when it is not
     one); records of 0.1 (no ``event``, candidates as node and ranks) still read."""
-    if rec.get("state") != "waiting" or not rec.get("node"):
+    if rec.state != "waiting" or not rec.node:
         return None
-    saved = _json(rec.get("event"), {})
-    first = _event(rec, saved, rec.get("node", ""), _ints(rec.get("ranks")))
-    found = [Candidate(first, int(number(rec.get("node_incidents")) or 0))]
-    for item in _json(rec.get("candidates"), []):
-        if isinstance(item, dict) and isinstance(item.get("node"), str):
-            event = _event(rec, saved, item["node"], item)
-            found.append(Candidate(event, int(item.get("node_incidents") or 0)))
-    raw = rec.get("waiting_for") or "checkpoint"
+    saved = rec.event or {}
+    first = _event(rec, saved, {"node": rec.node, "ranks": rec.ranks or []})
+    found = [Candidate(first, rec.node_incidents or 0)]
+    for item in rec.candidates or []:
+        if isinstance(item.get("node"), str):
+            found.append(Candidate(_event(rec, saved, item), _int(item.get("node_incidents"))))
+    raw = rec.waiting_for or "checkpoint"
     waiting_for: WaitingFor = raw if raw in _WAITING_FOR else "checkpoint"  # type: ignore[assignment]
-    start = since if since is not None else number(rec.get("detected_ts")) or 0.0
-    return Waiting(decision_id, tuple(found), start, waiting_for)
+    start = since if since is not None else rec.detected_ts or 0.0
+    return Waiting(rec.id, tuple(found), start, waiting_for)
 
 
 def candidates_field(waiting: Waiting) -> list[dict[str, Any]]:
@@ -89,44 +88,43 @@ def candidates_field(waiting: Waiting) -> list[dict[str, Any]]:
 
 
 def _event(
-    rec: Mapping[str, str], saved: Mapping[str, Any], node: str, item: Any
+    rec: DecisionRecord, saved: Mapping[str, Any], item: Mapping[str, Any]
 ) -> StragglerEvent:
-    """An event a record kept: its own ``saved`` fields, else the record's flat ones."""
-    ranks = _ints(item.get("ranks")) if isinstance(item, dict) else _ints(item)
+    """An event a record kept: the candidate's own fields (``item``), else the saved event's,
+    else the record's."""
 
-    def pick(key: str, default: Any = None) -> Any:
-        if isinstance(item, dict) and key in item:
+    def pick(key: str) -> Any:
+        if key in item:
             return item[key]
-        return saved.get(key, rec.get(key, default))
+        return saved.get(key, getattr(rec, key, None))
 
-    cause = str(pick("cause", "compute"))
-    scope = str(pick("scope", "gpu"))
+    cause, scope, gpu = pick("cause"), pick("scope"), pick("gpu")
     return StragglerEvent(
-        job_id=str(saved.get("job_id", rec.get("job_id", ""))),
-        node=node,
-        gpu=pick("gpu") if isinstance(pick("gpu"), int) else None,
-        ranks=ranks,
-        step=int(number(str(saved.get("step", rec.get("step", "0")))) or 0),
-        ts=number(str(saved.get("ts", rec.get("detected_ts")))) or 0.0,
-        cusum_ratio=number(str(pick("cusum_ratio", "0"))) or 0.0,
-        slowdown_pct=number(str(pick("slowdown_pct", "0"))) or 0.0,
-        cause=cause if cause in {"compute", "input"} else "compute",  # type: ignore[arg-type]
-        scope=scope if scope in {"gpu", "node"} else "gpu",  # type: ignore[arg-type]
-        since_ts=number(str(pick("since_ts"))),
-        job_loss_pct=number(str(pick("job_loss_pct"))),
+        job_id=str(saved.get("job_id", rec.job_id or "")),
+        node=str(item["node"]),
+        gpu=gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None,
+        ranks=[r for r in item.get("ranks") or [] if isinstance(r, int)],
+        step=int(_number(saved.get("step", rec.step)) or 0),
+        ts=_number(saved.get("ts", rec.detected_ts)) or 0.0,
+        cusum_ratio=_number(pick("cusum_ratio")) or 0.0,
+        slowdown_pct=_number(pick("slowdown_pct")) or 0.0,
+        cause=cause if cause in {"compute", "input"} else "compute",
+        scope=scope if scope in {"gpu", "node"} else "gpu",
+        since_ts=_number(pick("since_ts")),
+        job_loss_pct=_number(pick("job_loss_pct")),
     )
 
 
-def _json(text: str | None, default: Any) -> Any:
-    """A JSON value a decision recorded, or ``default`` when missing or unreadable."""
+def _number(value: Any) -> float | None:
+    """A number a record kept (JSON or text), or None when missing, unreadable or not finite."""
+    if isinstance(value, bool) or value is None:
+        return None
     try:
-        value = json.loads(text or "null")
-    except ValueError:
-        return default
-    return value if isinstance(value, type(default)) else default
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
-def _ints(values: Any) -> list[int]:
-    if isinstance(values, str):
-        values = _json(values, [])
-    return [v for v in values if isinstance(v, int)] if isinstance(values, list) else []
+def _int(value: Any) -> int:
+    return int(_number(value) or 0)

@@ -298,7 +298,7 @@ def _through_the_service(
         for d in report.decisions:
             if d.get("action") == "evict":
                 acted.setdefault(d["id"], _step_at(clock(), t0))
-        held = service._decisions.waiting(state.job(JOB))
+        held = service._decisions.waiting(state.job_state(JOB))
         left = held.nodes() if held else []
         if slurm.job_table[JOB].restarts:
             break

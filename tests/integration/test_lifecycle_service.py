@@ -3,7 +3,9 @@ eviction is valued and timed like any other, on the verdict it was decided on.""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -76,3 +78,69 @@ def test_a_waited_eviction_reaches_the_value_metrics_and_the_latency(
     assert saved.values[0] * 3600 / gpus == pytest.approx(float(decision["saved_s"]), abs=0.1)
     assert spent.values[0] * 3600 / gpus == pytest.approx(float(decision["cost_s"]), abs=0.1)
     assert decision["hardware_evidence"] == waiting["hardware_evidence"]
+
+
+#: The modules of the service and the policy a job's detection passes through on its way to
+#: an eviction: the decision itself (the first six: gathered, decided, carried out), then
+#: where its facts come from and where it is kept. A new module on that path fails here.
+DECISION_PATH = (
+    "service.loop",
+    "policy.lifecycle",
+    "policy.decide",
+    "policy.verdict",
+    "service.decisions",
+    "service.executor",
+)
+FACTS_AND_STATE = (
+    "service.policies",
+    "policy.loader",
+    "service.identity",
+    "service.evidence",
+    "service.node_rails",
+    "policy.history",
+    "policy.rails",
+    "service.waiting",
+    "service.value",
+    "service.metrics",
+    "service.state",
+    "service.fence",
+)
+
+
+def test_a_detection_reaches_its_eviction_through_six_decision_modules(
+    make_loop: Callable[..., Loop],
+) -> None:
+    """Every function of the package called while the service handles the detection that
+    evicts job 5, by module: the decision chain is the six of :data:`DECISION_PATH`, and
+    nothing of the service or the policy outside it and its facts is entered."""
+    clock = FakeClock()
+    slurm = FakeScheduler([running_job(clock)], NODES)
+    loop = make_loop(slurm, clock, "a")
+    entered: set[str] = set()
+    handle = loop.service._handle
+
+    def profile(frame: FrameType, event: str, _arg: object) -> None:
+        if event == "call":
+            entered.add(str(frame.f_globals.get("__name__", "")).removeprefix("slurm_plugin."))
+
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        sys.setprofile(profile)
+        try:
+            return handle(*args, **kwargs)
+        finally:
+            sys.setprofile(None)
+
+    loop.service._handle = traced  # type: ignore[method-assign]
+    for cycle in range(40):
+        _run(loop, cycle * 10, 1, {"node3": 2.0})
+        if loop.state.job_decisions("5"):
+            break
+    (decision,) = loop.state.job_decisions("5")
+    assert (decision["action"], decision["state"], decision["node"]) == (
+        "evict",
+        "verified",
+        "node3",
+    )
+    ours = {m for m in entered if m.split(".")[0] in {"service", "policy"}}
+    assert set(DECISION_PATH) <= ours
+    assert sorted(ours - set(DECISION_PATH) - set(FACTS_AND_STATE)) == []

@@ -12,6 +12,7 @@ from slurm_plugin.detection import StragglerEvent
 from slurm_plugin.detection.recheck import rows_of, tail_slowdown_pct
 from slurm_plugin.policy.lifecycle import Candidate, Waiting
 from slurm_plugin.service.waiting import candidates_field, event_fields, waiting_of
+from slurm_plugin.store.decision import read
 
 
 def _slowdown(
@@ -97,7 +98,7 @@ def test_a_waiting_decision_keeps_its_candidates_through_its_record() -> None:
         "event": json.dumps(event_fields(first)["event"]),
         "candidates": json.dumps(candidates_field(state)),
     }
-    back = waiting_of("d1", rec, 100.0)
+    back = waiting_of(read(rec, "d1"), 100.0)
     assert back is not None
     assert back.nodes() == ["node3", "node1"]
     assert back.candidates[1].event.slowdown_pct == pytest.approx(33.0)
@@ -106,10 +107,10 @@ def test_a_waiting_decision_keeps_its_candidates_through_its_record() -> None:
     assert back.event.ranks == [4, 5]
     old = {**rec, "candidates": json.dumps([{"node": "node1", "ranks": [0]}])}
     del old["event"]
-    back = waiting_of("d1", old, None)
+    back = waiting_of(read(old, "d1"), None)
     assert back is not None
     assert back.candidates[1].event.slowdown_pct == pytest.approx(80.0)
-    assert waiting_of("d1", {**rec, "state": "recorded"}, 100.0) is None
+    assert waiting_of(read({**rec, "state": "recorded"}, "d1"), 100.0) is None
 
 
 @pytest.mark.parametrize(
@@ -123,7 +124,7 @@ def test_a_waiting_decision_keeps_its_candidates_through_its_record() -> None:
 def test_a_malformed_record_keeps_its_own_node(broken: dict[str, str]) -> None:
     """Unreadable ranks or candidates (a hand-edited or truncated record) never raise: the
     decision's node stays the one candidate, with the ranks that are integers."""
-    found = waiting_of("d1", {**broken, "state": "waiting", "slowdown_pct": "x"}, None)
+    found = waiting_of(read({**broken, "state": "waiting", "slowdown_pct": "x"}, "d1"), None)
     assert found is not None
     assert found.event.node == "node3"
     assert all(isinstance(r, int) for r in found.event.ranks)

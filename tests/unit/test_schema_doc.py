@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from slurm_plugin.model import keys
-from slurm_plugin.store import nodes, registration
+from slurm_plugin.store import decision, job_state, nodes, registration
 
 JOB = "4242"
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "redis-schema.md").read_text()
@@ -40,3 +40,12 @@ def test_every_owned_field_is_documented() -> None:
     meta_row = rows["`stg:job:{J}:meta`"]
     assert [f for f in nodes.FIELDS if f"`{f}`" not in node_row] == []
     assert [f for f in registration.FIELDS if f"`{f}`" not in meta_row] == []
+
+
+def test_every_decision_and_job_state_field_is_documented() -> None:
+    rows = {line.split("|")[1].strip(): line for line in DOC.splitlines() if line.startswith("|")}
+    decision_row = rows["`stg:decision:{id}`"]
+    job_row = rows["`stg:job:{J}:service`"]
+    assert [f for f in decision.FIELDS if f"`{f}`" not in decision_row] == []
+    assert [f for f in job_state.FIELDS if f"`{f}`" not in job_row] == []
+    assert f"`{job_state.IGNORED_PREFIX}<reason>`" in job_row
