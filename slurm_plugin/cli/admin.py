@@ -253,13 +253,14 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
 
 def _goodput_line(decision_id: str, g: dict[str, Any]) -> str:
     """What a decision's goodput figures were computed from, in one line."""
+    saved, cost = round(float(g.get("saved_s") or 0)), round(float(g.get("cost_s") or 0))
+    lost_from = g.get("lost_work_from") or "a checkpoint"
     return (
         f"goodput of {printable(str(decision_id))}: the node costs {g.get('share_pct')} % of the "
         f"job's time ({g.get('share_from')}); {g.get('remaining_s')} s left "
         f"({g.get('remaining_from')}); a requeue costs {g.get('restart_cost_s')} s restart + "
-        f"{g.get('lost_work_s')} s lost work, {g.get('checkpoint_wait_s')} s waiting for a "
-        f"checkpoint: saves {round(float(g.get('saved_s') or 0))} s, costs "
-        f"{round(float(g.get('cost_s') or 0))} s"
+        f"{g.get('lost_work_s')} s lost work (from {lost_from}), "
+        f"{g.get('checkpoint_wait_s')} s waiting for a checkpoint: saves {saved} s, costs {cost} s"
     )
 
 

@@ -78,6 +78,9 @@ class Outlook:
     remaining_from: str = "time limit"
     #: How much longer until it is ``min_lasting_p`` likely to last (0: it already is).
     sure_in_s: float = 0.0
+    #: The standard deviation of how much longer it goes on (the two kinds, and a passing
+    #: one's heavy tail): how uncertain ``expected_s`` is.
+    sd_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,9 @@ class Goodput:
     remaining_from: str
     restart_cost_s: float
     lost_work_s: float
+    #: What the lost work was taken from: the job's last reported checkpoint, the site's
+    #: checkpoint interval (assumed), or the job's start.
+    lost_work_from: str
     #: How long until the next checkpoint, when the policy evicts after one (the slowdown
     #: goes on until then).
     checkpoint_wait_s: float
@@ -133,7 +139,20 @@ def outlook(
     passing = _passing_left(lasted, remaining, actions.transient_s)
     expected = lasting * remaining + (1.0 - lasting) * passing
     sure = _sure_at(prior, actions.min_lasting_p, actions.transient_s)
-    return Outlook(lasted, expected, lasting, remaining, source, max(0.0, sure - lasted))
+    square = lasting * remaining**2 + (1.0 - lasting) * _passing_square(
+        lasted, remaining, actions.transient_s
+    )
+    sd = math.sqrt(max(0.0, square - expected**2))
+    return Outlook(lasted, expected, lasting, remaining, source, max(0.0, sure - lasted), sd)
+
+
+def _passing_square(lasted: float, horizon: float, scale: float) -> float:
+    """The mean square of how much longer a passing slowdown still on after ``lasted`` goes
+    on, within ``horizon``: the integral of 2 t times its survival,
+    2 (s + L) (H - (s + L) ln(1 + H / (s + L)))."""
+    age = scale + lasted
+    horizon = max(0.0, horizon)
+    return 2.0 * age * (horizon - age * math.log1p(horizon / age))
 
 
 def _sure_at(prior: float, wanted: float, scale: float) -> float:
@@ -162,7 +181,7 @@ def _not_sure_yet(
     ends = window / (age + window)  # a passing one still on ends within the window
     passes = (1.0 - ahead.lasting_p) * ends
     waiting = gain.share_pct / 100.0 * _slow_within(ahead, window, scale)
-    waiting += (1.0 - passes) * _more_lost_work(gain, job, ctx, now + window)
+    waiting += (1.0 - passes) * _more_lost_work(gain, job, ctx, policy, now + window)
     if gain.cost_s * passes <= waiting:
         return None
     return (
@@ -186,11 +205,17 @@ def _doubt_costs_more(ahead: Outlook, gain: Goodput, policy: Policy) -> bool:
     return gain.share_pct / 100.0 * slow > policy.actions.doubt_requeues * gain.cost_s
 
 
-def _more_lost_work(gain: Goodput, job: JobInfo, ctx: JobContext, later: float) -> float:
+def _more_lost_work(
+    gain: Goodput, job: JobInfo, ctx: JobContext, policy: Policy, later: float
+) -> float:
     """How much more work a requeue at ``later`` would lose than one now (none while the
     eviction waits for a checkpoint: it loses no work either way)."""
     if gain.lost_work_s <= 0 and gain.checkpoint_wait_s > 0:
         return 0.0
+    if ctx.last_checkpoint_ts is None and _assumed_checkpoints(gain):
+        # Checkpoints at an unknown phase: what a requeue loses grows until half an interval.
+        later_lost = lost_work(job, ctx, policy, later)[0]
+        return max(0.0, later_lost - gain.lost_work_s)
     last = ctx.last_checkpoint_ts if ctx.last_checkpoint_ts is not None else job.start_time
     if last is None:
         return 0.0
@@ -198,6 +223,11 @@ def _more_lost_work(gain: Goodput, job: JobInfo, ctx: JobContext, later: float) 
     if period and period > 0 and ctx.last_checkpoint_ts is not None:
         last += math.floor(max(0.0, later - last) / period) * period
     return max(0.0, max(0.0, later - last) - gain.lost_work_s)
+
+
+def _assumed_checkpoints(gain: Goodput) -> bool:
+    """The lost work was taken from the site's checkpoint interval (the job reports none)."""
+    return gain.lost_work_from.startswith("half the site's")
 
 
 def _share(event: StragglerEvent) -> tuple[float, str]:
@@ -210,11 +240,37 @@ def _share(event: StragglerEvent) -> tuple[float, str]:
 
 
 def job_remaining(job: JobInfo, policy: Policy, now: float) -> tuple[float, str]:
-    """The job's remaining run: to its time limit, or the policy's assumption without one;
-    and which of the two it is."""
+    """The job's remaining run: to its time limit; without one, what a job of its age is
+    expected to run on, at least the policy's ``assume_remaining_s``; and which it is. Run
+    lengths are heavy-tailed (a job that has run for ``a`` is as likely as not to run
+    another ``a``: Pareto, shape 1), up to ``no_limit_horizon_s`` in all: ``a ln(H / a)``
+    (a job 10 minutes in: ~1 h more; an hour in: ~5 h; a day in: ~47 h, for H = 7 days)."""
     if job.time_limit_s is not None and job.start_time is not None:
         return max(0.0, job.start_time + job.time_limit_s - now), "time limit"
-    return policy.actions.assume_remaining_s, "assumed (no time limit)"
+    actions = policy.actions
+    age = max(60.0, now - job.start_time) if job.start_time is not None else 60.0
+    expected = (
+        age * math.log(actions.no_limit_horizon_s / age)
+        if actions.no_limit_horizon_s > age
+        else 0.0
+    )
+    if expected > actions.assume_remaining_s:
+        return expected, f"expected of a job {age:.0f} s old (no time limit)"
+    return actions.assume_remaining_s, "assumed (no time limit)"
+
+
+def lost_work(job: JobInfo, ctx: JobContext, policy: Policy, now: float) -> tuple[float, str]:
+    """The work a requeue now loses, and what it was taken from: the time since the job's
+    last checkpoint; for a job that reports none, half the site's checkpoint interval
+    (``assume_checkpoint_s``: a checkpoint at an unknown phase) when set, else the time since
+    the job started; never more than the job has run."""
+    ran = max(0.0, now - job.start_time) if job.start_time is not None else 0.0
+    if ctx.last_checkpoint_ts is not None:
+        return max(0.0, now - ctx.last_checkpoint_ts), "the job's last checkpoint"
+    assumed = policy.actions.assume_checkpoint_s
+    if assumed is not None and job.start_time is not None:
+        return min(ran, assumed / 2.0), f"half the site's {assumed:.0f} s checkpoint interval"
+    return ran, "the job's start (no checkpoint known)"
 
 
 def goodput(
@@ -227,8 +283,7 @@ def goodput(
     show, else half of ``max_wait_s``): :func:`decide` waits only when that is the cheaper."""
     share, source = _share(event)
     actions = policy.actions
-    since = ctx.last_checkpoint_ts if ctx.last_checkpoint_ts is not None else job.start_time
-    lost = max(0.0, now - since) if since is not None else 0.0
+    lost, lost_from = lost_work(job, ctx, policy, now)
     wait = 0.0
     if checkpoint_wait(policy, ctx):
         wait = actions.max_wait_s / 2.0
@@ -249,6 +304,7 @@ def goodput(
         remaining_from=ahead.remaining_from,
         restart_cost_s=actions.restart_cost_s,
         lost_work_s=round(lost, 1),
+        lost_work_from=lost_from,
         checkpoint_wait_s=round(wait, 1),
     )
 
@@ -398,6 +454,7 @@ def decide(
         f"({ahead.lasting_p:.0%} that it lasts)"
     )
     reasons = _blockers(event, job, policy, ctx, cluster, now)
+    margin = policy.actions.risk_sd * gain.share_pct / 100.0 * ahead.sd_s
     if saved <= cost:
         reasons.append(f"goodput: evicting saves {saved:.0f} s but costs {cost:.0f} s ({why})")
     elif ahead.lasting_p < policy.actions.min_lasting_p and not _doubt_costs_more(
@@ -406,6 +463,12 @@ def decide(
         reasons.append(
             f"not sure it lasts: {ahead.lasting_p:.0%} likely, the policy acts from "
             f"{policy.actions.min_lasting_p:.0%} ({why})"
+        )
+    elif saved - cost <= margin:
+        reasons.append(
+            f"goodput too uncertain: evicting saves {saved:.0f} s and costs {cost:.0f} s, a "
+            f"margin within {policy.actions.risk_sd:g} standard deviation of the saving "
+            f"({margin / max(policy.actions.risk_sd, 1e-9):.0f} s: the slowdown may pass) ({why})"
         )
     else:
         unsure = _not_sure_yet(ahead, gain, policy, job, ctx, now)

@@ -160,7 +160,32 @@ class ActionPolicy(Strict):
         3600.0,
         gt=0,
         le=365 * 86400,
-        description="Remaining run assumed when the job has no time limit.",
+        description="Remaining run assumed when the job has no time limit (at least as long "
+        "as it has run so far: a job that ran for a day is not taken to end within the hour).",
+    )
+    no_limit_horizon_s: float = Field(
+        7 * 86400.0,
+        gt=0,
+        le=365 * 86400,
+        description="The longest a job without a time limit is taken to run in all: its "
+        "remaining run is what a job of its age is expected to run on (heavy-tailed run "
+        "lengths), at least assume_remaining_s.",
+    )
+    risk_sd: float = Field(
+        0.5,
+        ge=0,
+        le=10,
+        description="Evict only when the expected saving exceeds the requeue's cost by this many "
+        "standard deviations of the saving (how long the slowdown goes on is uncertain: it may "
+        "pass within minutes or last the job). 0: the expected saving alone decides.",
+    )
+    assume_checkpoint_s: float | None = Field(
+        None,
+        gt=0,
+        le=7 * 86400,
+        description="The site's usual checkpoint interval, s, for a job that reports no "
+        "checkpoints: a requeue is then taken to lose half of it on average (never more than "
+        "the job has run). Unset: such a job loses all its work since it started.",
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -389,3 +390,69 @@ def test_the_final_verdict_is_decided_once_with_the_facts() -> None:
     assert (unsure.action, record["waiting_for"]) == ("wait", "recheck")  # never "recovered"
     annotate = Decision("annotate", "node3", ["below the minimum"])
     assert final(annotate, Facts(evicting=True, recheck=UNKNOWN)) == (annotate, {})
+
+
+def test_unknown_is_not_the_worst_case() -> None:
+    """Class 2 of the full-scale month: a 16-GPU job without a time limit, 10 hours in, that
+    reports no checkpoints, with a GPU at +55 % (35 % of the job's time) for half an hour.
+    Taken to lose all 10 hours and to end within the hour, it was never evicted; it ran on
+    for 21 hours. Now its remaining run is what a job 10 hours old is expected to run on
+    (heavy-tailed run lengths up to 7 days: 10 h x ln(16.8), ~28 h), a requeue loses half the
+    site's checkpoint interval, and the decision says both assumptions."""
+    job = _job(time_limit_s=None, start_time=NOW - 10 * 3600)
+    event = replace(_event(55.0, lasted_s=1800.0), job_loss_pct=35.0)
+    no_checkpoints = JobContext()
+    d = _decide(job=job, ctx=no_checkpoints, event=event)
+    assert d.action == "evict", d.reasons
+    assert d.inputs is not None
+    assert d.inputs["remaining_s"] == pytest.approx(36000 * math.log(7 * 24 / 10), abs=1)
+    assert d.inputs["remaining_from"] == "expected of a job 36000 s old (no time limit)"
+    assert d.inputs["lost_work_s"] == pytest.approx(1800)
+    assert d.inputs["lost_work_from"] == "half the site's 3600 s checkpoint interval"
+    # Without the site's interval, the work since the start is still what a requeue loses.
+    unset = POLICIES["evict"].model_copy(
+        update={
+            "actions": POLICIES["evict"].actions.model_copy(update={"assume_checkpoint_s": None})
+        }
+    )
+    d = decide(event, job, unset, no_checkpoints, ClusterContext(nodes=NODES), NOW)
+    assert d.inputs is not None
+    assert d.inputs["lost_work_s"] == pytest.approx(10 * 3600)
+    assert d.inputs["lost_work_from"] == "the job's start (no checkpoint known)"
+    assert d.action == "annotate"
+    # A job just started is never credited with more work than it did.
+    young = _job(time_limit_s=None, start_time=NOW - 600)
+    d = _decide(job=young, ctx=no_checkpoints, event=event)
+    assert d.inputs is not None
+    assert d.inputs["lost_work_s"] == pytest.approx(600)
+    assert d.inputs["remaining_s"] == pytest.approx(600 * math.log(7 * 86400 / 600), abs=1)
+
+
+def test_a_marginal_saving_on_a_big_stake_is_not_evicted() -> None:
+    """Class 1 of the full-scale month: a 2,048-GPU job whose node costs it 65 % of its time
+    in an episode 18 minutes old (66 % likely to last, on a node no other job saw slow), 2 h
+    left, an hour of work since its last checkpoint: evicting saves ~3,625 s and costs
+    3,600 s on average, but whether it saves anything depends on the episode lasting (such
+    episodes mostly end within the hour). Decided on the expected saving alone it was
+    evicted, and the episode ended a minute later; within half a standard deviation of the
+    saving it is not. A clear saving still is."""
+    # One node of it here: saving and cost are job seconds, the same for any number of GPUs.
+    job = _job(nodes=("node3",), node_count=1, start_time=NOW - 3 * 3600, time_limit_s=5 * 3600.0)
+    event = replace(_event(280.0, lasted_s=1100.0), job_loss_pct=65.4)
+    ctx = JobContext(last_checkpoint_ts=NOW - 3420)
+    cluster = ClusterContext(nodes=NODES, safety=SafetyPolicy(min_spare_nodes=0))
+    evict = POLICIES["evict"]
+    means_only = evict.model_copy(
+        update={"actions": evict.actions.model_copy(update={"risk_sd": 0.0})}
+    )
+    before = decide(event, job, means_only, ctx, cluster, NOW)
+    assert before.action == "evict"
+    assert before.saved_s == pytest.approx(3625, abs=40)
+    assert before.cost_s == pytest.approx(3600)
+    assert before.lasting_p == pytest.approx(0.66, abs=0.01)
+    now = decide(event, job, evict, ctx, cluster, NOW)
+    assert now.action == "annotate"
+    (why,) = [r for r in now.reasons if r.startswith("goodput too uncertain")]
+    assert "costs 3600 s, a margin within 0.5 standard deviation" in why
+    clear = decide(event, job, evict, JobContext(last_checkpoint_ts=NOW - 60), cluster, NOW)
+    assert clear.action == "evict", clear.reasons
