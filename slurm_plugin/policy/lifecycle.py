@@ -11,8 +11,10 @@ A job is either *idle* (``None``) or has one decision :class:`Waiting`. Two inpu
 - :func:`tick`: a service cycle (a point on the trace's clock). A waiting decision is decided
   again when what it waits for came: the job's checkpoint or ``max_wait_s`` (``checkpoint``),
   a pause or the breaker lifted (``resume``), a re-check that had nothing to look at
-  (``recheck``, the next cycle). Of its candidates, the one slowest in the newest steps is
-  decided on again, as if the job reported no checkpoints, on the candidate's own event.
+  (``recheck``, the next cycle; for at most ``max_wait_s``, then the decision is closed and
+  the node's next detection decides anew: no decision waits forever). Of its candidates,
+  the one slowest in the newest steps is decided on again, as if the job reported no
+  checkpoints, on the candidate's own event.
 
 - :func:`ended`: the job stopped running (ended, requeued or held by another, the end of
   its trace): its waiting decision is abandoned, nothing is waited for any more.
@@ -65,6 +67,8 @@ class Waiting:
     candidates: tuple[Candidate, ...]
     since: float
     waiting_for: WaitingFor = "checkpoint"
+    #: Since when a re-check has had nothing to look at (None: not re-checking).
+    rechecking_since: float | None = None
 
     @property
     def event(self) -> StragglerEvent:
@@ -114,9 +118,11 @@ class Joined:
 
 @dataclass(frozen=True)
 class Rechecking:
-    """The waiting decision's re-check had nothing to look at: decided again next cycle."""
+    """The waiting decision's re-check had nothing to look at (from ``since``): decided again
+    next cycle."""
 
     decision_id: str
+    since: float
 
 
 @dataclass(frozen=True)
@@ -137,6 +143,11 @@ class Close:
     note: str = ""
     abandoned: bool = False
 
+
+#: Why a waiting decision closes when its re-check never had anything to look at (the job's
+#: newest steps never showed the node: restarted with other step numbers, a node that stopped
+#: reporting): the node's next detection decides anew, on its own steps.
+RECHECK_GAVE_UP = "closed: nothing of the node to re-check on"
 
 #: Why a waiting decision of a job that stopped running is abandoned.
 ENDED = "the job stopped running (ended, requeued or held) while waiting"
@@ -206,8 +217,12 @@ def detected(
         waiting_for: WaitingFor = "resume" if decision.on_hold else "checkpoint"
         if settled.get("waiting_for") == "recheck":
             waiting_for = "recheck"
-        state = Waiting(decision_id, (Candidate(event, node_incidents),), world.now, waiting_for)
+        rechecking = world.now if waiting_for == "recheck" else None
+        first = (Candidate(event, node_incidents),)
+        state = Waiting(decision_id, first, world.now, waiting_for, rechecking)
         extra = {**settled, "waiting_for": waiting_for}
+        if rechecking is not None:
+            extra["rechecking_since"] = rechecking
         record = Record(
             decision_id, event, decision, "waiting", extra, decision.on_hold, node_incidents
         )
@@ -242,6 +257,20 @@ def slowest(state: Waiting, world: World) -> Candidate:
     return max(state.candidates, key=slowdown)
 
 
+def _rechecking(
+    state: Waiting, world: World, effects: list[Effect]
+) -> tuple[Waiting | None, list[Effect]]:
+    """The re-check had nothing to look at again: wait on, for at most ``max_wait_s`` from
+    when it first had nothing, then close (the node's next detection decides anew)."""
+    if state.waiting_for != "recheck" or state.rechecking_since is None:
+        effects.append(Rechecking(state.decision_id, world.now))
+        return replace(state, waiting_for="recheck", rechecking_since=world.now), effects
+    if world.now - state.rechecking_since >= world.policy.actions.max_wait_s:
+        gave_up = f"{RECHECK_GAVE_UP} for {world.now - state.rechecking_since:.0f} s"
+        return None, [*effects, Close(state.decision_id, (gave_up,))]
+    return state, effects
+
+
 def tick(state: Waiting | None, world: World) -> tuple[Waiting | None, list[Effect]]:
     """A cycle: decide a waiting decision again if what it waits for came."""
     if state is None:
@@ -257,10 +286,8 @@ def tick(state: Waiting | None, world: World) -> tuple[Waiting | None, list[Effe
     event = replace(chosen.event, ts=world.now, step=state.event.step)
     ctx = replace(world.ctx, reports_checkpoints=False, node_incidents=chosen.node_incidents)
     again, settled = _verdict(event, world, ctx)
-    if settled.get("waiting_for") == "recheck":  # still nothing to re-check on: wait on
-        if state.waiting_for != "recheck":
-            effects.append(Rechecking(state.decision_id))
-        return replace(state, waiting_for="recheck"), effects
+    if settled.get("waiting_for") == "recheck":  # still nothing to re-check on
+        return _rechecking(state, world, effects)
     if again.action != "evict":
         return None, [*effects, Close(state.decision_id, tuple(again.reasons))]
     evict = Evict(
@@ -284,6 +311,7 @@ def ended(decision_id: str) -> tuple[None, list[Effect]]:
 
 __all__ = [
     "ENDED",
+    "RECHECK_GAVE_UP",
     "UNKNOWN",
     "After",
     "Candidate",

@@ -115,7 +115,10 @@ class Decisions:
                     effect.decision_id, {"candidates": candidates_field(effect.waiting)}
                 )
             elif isinstance(effect, Rechecking):
-                self.state.save_decision(effect.decision_id, {"waiting_for": "recheck"})
+                self.state.save_decision(
+                    effect.decision_id,
+                    {"waiting_for": "recheck", "rechecking_since": f"{effect.since:.3f}"},
+                )
             elif isinstance(effect, Missed):
                 # Decided on as if the job reported no checkpoints until its next one.
                 self.state.update_job(job.job_id, wait_expired_ts=f"{effect.now:.3f}")

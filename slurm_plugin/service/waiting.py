@@ -67,7 +67,8 @@ def waiting_of(rec: DecisionRecord, since: float | None) -> Waiting | None:
     raw = rec.waiting_for or "checkpoint"
     waiting_for: WaitingFor = raw if raw in _WAITING_FOR else "checkpoint"  # type: ignore[assignment]
     start = since if since is not None else rec.detected_ts or 0.0
-    return Waiting(rec.id, tuple(found), start, waiting_for)
+    rechecking = rec.rechecking_since if waiting_for == "recheck" else None
+    return Waiting(rec.id, tuple(found), start, waiting_for, rechecking)
 
 
 def candidates_field(waiting: Waiting) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ Fields, in ``docs/redis-schema.md``:
   again), ``candidates`` (nodes flagged while it waited), ``details`` (a report's event);
 - the verdict: ``decision``, ``reasons``, ``saved_s``, ``cost_s``, ``lasted_s``,
   ``expected_s``, ``lasting_p``, ``goodput_inputs``, ``node_incidents``, ``policy``,
-  ``waiting_for``, ``after``, ``hardware_evidence``, ``job_reported_gpu``;
+  ``waiting_for``, ``rechecking_since``, ``after``, ``hardware_evidence``, ``job_reported_gpu``;
 - the job it acted on: ``job_user``, ``job_submit_ts``, ``job_first_submit_ts``,
   ``job_restarts``, ``restarts_before``;
 - the action: ``planned_at``, ``held_at``, ``held_ts``, ``released_at``, ``excluded``,
@@ -77,6 +77,7 @@ class DecisionRecord(BaseModel):
     node_incidents: int | None = None
     policy: str | None = None
     waiting_for: str | None = None
+    rechecking_since: Number = None
     after: str | None = None
     hardware_evidence: list[str] | None = None
     job_reported_gpu: list[str] | None = None

@@ -1,0 +1,81 @@
+"""The decision lifecycle's own rules (policy/lifecycle.py), pure: what the service and the
+backtest both carry out."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from slurm_plugin.detection import StragglerEvent
+from slurm_plugin.model.cluster import JobInfo, NodeInfo
+from slurm_plugin.policy import lifecycle
+from slurm_plugin.policy.decide import ClusterContext, JobContext
+from slurm_plugin.policy.lifecycle import RECHECK_GAVE_UP, Close, Rechecking, Record, World
+from tests.unit.test_decide import BASE_JOB, NODES, NOW, POLICIES
+
+
+def _world(now: float, job: JobInfo = BASE_JOB) -> World:
+    """The shipped evict policy; a re-check that never has anything to look at (the job's
+    newest steps never show the node: restarted with other step numbers, say)."""
+    return World(
+        job,
+        POLICIES["evict"],
+        JobContext(last_checkpoint_ts=now - 60),
+        ClusterContext(nodes=tuple(NodeInfo(n.name, "idle", (), "", ("debug",)) for n in NODES)),
+        now,
+        lambda _event, _since: None,
+    )
+
+
+def _event() -> StragglerEvent:
+    return StragglerEvent(
+        job_id="5",
+        node="node3",
+        gpu=1,
+        ranks=[5],
+        step=100,
+        ts=NOW,
+        cusum_ratio=1.2,
+        slowdown_pct=40.0,
+        cause="compute",
+        scope="gpu",
+        since_ts=NOW - 900,
+        job_loss_pct=25.0,
+    )
+
+
+def test_a_decision_never_waits_forever_for_a_recheck() -> None:
+    """Class 3 of the full-scale month: a decision waited for hours on "no recent steps of
+    the node to re-check". It is decided again every cycle for at most ``max_wait_s``, then
+    closed with why (the node's next detection decides anew, on its own steps)."""
+    state, effects, decision = lifecycle.detected(None, _event(), 0, "d1", _world(NOW))
+    assert state is not None
+    assert (state.waiting_for, state.rechecking_since) == ("recheck", NOW)
+    (record,) = effects
+    assert isinstance(record, Record)
+    assert record.extra["rechecking_since"] == NOW
+    assert decision.action == "wait"
+    limit = POLICIES["evict"].actions.max_wait_s
+    now = NOW
+    while state is not None and now < NOW + 10 * limit:
+        now += 10.0
+        state, effects = lifecycle.tick(state, _world(now))
+    assert state is None
+    (closed,) = effects
+    assert isinstance(closed, Close)
+    assert closed.reasons[0].startswith(RECHECK_GAVE_UP)
+    assert now == NOW + limit
+
+
+def test_a_waited_decision_starts_its_recheck_clock_when_it_starts_rechecking() -> None:
+    """A decision that waited for a checkpoint and then finds nothing to re-check on gets
+    its own ``max_wait_s`` from then (one of 0.1's records, without the clock, too)."""
+    waiting = lifecycle.Waiting("d1", (lifecycle.Candidate(_event()),), NOW - 3600.0)
+    with_checkpoint = replace(_world(NOW), ctx=JobContext(last_checkpoint_ts=NOW))
+    state, effects = lifecycle.tick(waiting, with_checkpoint)
+    assert state is not None
+    assert (state.waiting_for, state.rechecking_since) == ("recheck", NOW)
+    assert effects == [Rechecking("d1", NOW)]
+    old = replace(state, rechecking_since=None)
+    state, effects = lifecycle.tick(old, _world(NOW + 3600.0))
+    assert state is not None
+    assert effects == [Rechecking("d1", NOW + 3600.0)]
