@@ -168,7 +168,10 @@ class Replay:
 
     def _cluster(self) -> tuple[NodeInfo, ...]:
         if not self.cluster:
-            spares = [f"spare-{i}" for i in range(self.safety.min_spare_nodes + 1)]
+            # The partition is taken to have room for one eviction's nodes (a trace does not
+            # say what else it holds).
+            room = self.safety.min_spare_nodes + self.safety.max_nodes_per_eviction
+            spares = [f"spare-{i}" for i in range(room)]
             names = sorted({*self.trace.node_names, *spares})
             self.cluster = tuple(NodeInfo(n, "idle", (), "", ("trace",)) for n in names)
         return self.cluster
@@ -245,6 +248,7 @@ class Replay:
             self.evictions.setdefault(job_id, []).append(now)
             self.excluded.setdefault(job_id, set()).update(effect.nodes)
             row.update(_row(effect.decision), action="evict", **effect.extra)
+            row["nodes"] = list(effect.nodes)
             if effect.after != "detection":
                 row.update(node=effect.event.node, acted_ts=now, after=effect.after)
         elif isinstance(effect, Close):

@@ -201,7 +201,8 @@ def detected(
         effects: list[Effect] = []
         if state is not None:
             effects.append(Close(state.decision_id, note=f"superseded by {decision_id}"))
-        nodes = (event.node,)
+        others = list(state.candidates) if state is not None else []
+        nodes = (event.node, *_joining(others, event.step, world, ctx, event.node))
         evict = Evict(
             decision_id, event, decision, nodes, "detection", event.ts, node_incidents, settled
         )
@@ -230,6 +231,31 @@ def detected(
     annotate = decision.action == "annotate"
     record = Record(decision_id, event, decision, "recorded", settled, annotate, node_incidents)
     return state, [record], decision
+
+
+def _joining(
+    others: list[Candidate], step: int, world: World, ctx: JobContext, first: str
+) -> list[str]:
+    """The other flagged nodes that go in the same requeue as ``first``: each whose own
+    verdict, now, with the nodes before it already excluded (the partition's capacity), is
+    to evict and whose re-check shows it still slow, up to the rails' nodes per eviction.
+    Each candidate's share is its own what-if, in which the job's other slow nodes count as
+    dealt with (detection/attribution.py), so two bad nodes never mask each other."""
+    most = world.cluster.safety.max_nodes_per_eviction
+    chosen = [first]
+    for candidate in others:
+        if len(chosen) >= most:
+            break
+        if candidate.event.node in chosen:
+            continue
+        event = replace(candidate.event, ts=world.now, step=step)
+        job = replace(world.job, excluded=(*world.job.excluded, *chosen))
+        here = replace(world, job=job, evicting=lambda: False)
+        own = replace(ctx, node_incidents=candidate.node_incidents)
+        verdict, settled = _verdict(event, here, own)
+        if verdict.action == "evict" and not settled:
+            chosen.append(candidate.event.node)
+    return chosen[1:]
 
 
 def _due(state: Waiting, world: World) -> After | None:
@@ -290,11 +316,12 @@ def tick(state: Waiting | None, world: World) -> tuple[Waiting | None, list[Effe
         return _rechecking(state, world, effects)
     if again.action != "evict":
         return None, [*effects, Close(state.decision_id, tuple(again.reasons))]
+    others = [c for c in state.candidates if c is not chosen]
     evict = Evict(
         state.decision_id,
         event,
         again,
-        (event.node,),
+        (event.node, *_joining(others, state.event.step, world, ctx, event.node)),
         after,
         state.event.ts,
         chosen.node_incidents,

@@ -96,6 +96,13 @@ class SafetyPolicy(Strict):
         description="Usable nodes that must remain in the partition beyond what the job needs "
         "once the straggler is excluded (a slow job beats one that can never start).",
     )
+    max_nodes_per_eviction: int = Field(
+        4,
+        ge=1,
+        le=1000,
+        description="Most nodes one requeue excludes: every flagged node of the job whose "
+        "exclusion pays goes in the same requeue (one restart, not one per node), up to this.",
+    )
     breaker_max_nodes: int = Field(
         5,
         ge=1,

@@ -304,7 +304,7 @@ def _through_the_service(
             break
     evictions = [
         Action(
-            tuple(slurm.job_table[JOB].excluded),
+            tuple(sorted(slurm.job_table[JOB].excluded)),
             int(d["step"]),
             d.get("after") or "detection",
             acted[d["id"]],
@@ -376,7 +376,11 @@ def test_the_service_and_the_replay_take_the_same_actions(harness: Harness) -> N
         assert (evictions, verdicts, left) == replayed, sc
         for what in [*(f"after {e.after}" for e in evictions), *verdicts]:
             seen[what] = seen.get(what, 0) + 1
+        if any(len(e.nodes) > 1 for e in evictions):
+            seen["several nodes in one requeue"] = seen.get("several nodes in one requeue", 0) + 1
         if sc.ends is not None and any(a == "wait" for a in verdicts) and not evictions:
             seen["ended waiting"] = seen.get("ended waiting", 0) + 1
     wanted = {"after detection", "after checkpoint", "after max wait", "evict", "wait"}
-    assert wanted | {"annotate", "none", "ended waiting"} <= set(seen), seen
+    assert wanted | {"annotate", "none", "ended waiting", "several nodes in one requeue"} <= set(
+        seen
+    ), seen

@@ -105,16 +105,19 @@ def score(month: Month, result: dict[str, Any]) -> Score:
             continue
         job, t = jobs[d["job_id"]], float(d.get("acted_ts") or d["ts"])
         out.evictions += 1
-        on = [
-            s
-            for s in job.slowdowns
-            if s.node == d["node"] and s.fault and s.onset_ts <= t < _end(s, job)
-        ]
         spent = job.restart_s + max(0.0, t - job.last_checkpoint(t))
         out.spent_gpu_h += job.gpu_hours(spent)
-        if not any(s.sustained(job) for s in on):
-            out.needless += 1
-            out.needless_list.append(f"{job.job_id}:{d['node']} ({_what(job, d['node'], t)})")
+        on = []
+        for node in d.get("nodes") or [d["node"]]:  # one requeue, every node it excluded
+            here = [
+                s
+                for s in job.slowdowns
+                if s.node == node and s.fault and s.onset_ts <= t < _end(s, job)
+            ]
+            if not any(s.sustained(job) for s in here):
+                out.needless += 1
+                out.needless_list.append(f"{job.job_id}:{node} ({_what(job, node, t)})")
+            on += here
         saved = 0.0
         for s in on:
             if id(s) not in fixed:

@@ -79,3 +79,47 @@ def test_a_waited_decision_starts_its_recheck_clock_when_it_starts_rechecking() 
     state, effects = lifecycle.tick(old, _world(NOW + 3600.0))
     assert state is not None
     assert effects == [Rechecking("d1", NOW + 3600.0)]
+
+
+def test_several_bad_nodes_go_in_one_requeue() -> None:
+    """Class 4 of the full-scale month: two slow nodes in one job, flagged while its decision
+    waits for the checkpoint. Each is charged what it costs with the other dealt with (the
+    detector's what-if), so each pays alone: both are excluded in one requeue, one restart,
+    the slower first; never more than the rails' nodes per eviction, and never one the
+    re-check finds recovered."""
+    second = replace(_event(), node="node2", ranks=[3], slowdown_pct=25.0, job_loss_pct=15.0)
+    waiting = lifecycle.Waiting(
+        "d1",
+        (lifecycle.Candidate(_event()), lifecycle.Candidate(second)),
+        NOW - 300.0,
+    )
+    slowdowns = {"node3": 40.0, "node2": 25.0}
+
+    def world(recheck: dict[str, float | None], most: int = 4) -> World:
+        base = _world(NOW)
+        cluster = ClusterContext(
+            nodes=tuple(NodeInfo(f"node{i}", "idle", (), "", ("debug",)) for i in range(1, 7)),
+            safety=base.cluster.safety.model_copy(update={"max_nodes_per_eviction": most}),
+        )
+        ctx = JobContext(last_checkpoint_ts=NOW)  # the checkpoint came
+        return replace(
+            base, cluster=cluster, ctx=ctx, recheck=lambda e, _since: recheck.get(e.node)
+        )
+
+    state, effects = lifecycle.tick(waiting, world(slowdowns))
+    assert state is None
+    (evict,) = effects
+    assert isinstance(evict, lifecycle.Evict)
+    assert evict.nodes == ("node3", "node2")
+    assert evict.after == "checkpoint"
+    _, (one,) = lifecycle.tick(waiting, world(slowdowns, most=1))
+    assert isinstance(one, lifecycle.Evict)
+    assert one.nodes == ("node3",)
+    _, (recovered,) = lifecycle.tick(waiting, world({"node3": 40.0, "node2": 0.0}))
+    assert isinstance(recovered, lifecycle.Evict)
+    assert recovered.nodes == ("node3",)
+    # A partition without room for both (4 nodes, a 3-node job): the second stays.
+    small = replace(world(slowdowns), cluster=_world(NOW).cluster)
+    _, (room,) = lifecycle.tick(waiting, small)
+    assert isinstance(room, lifecycle.Evict)
+    assert room.nodes == ("node3",)
