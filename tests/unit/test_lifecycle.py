@@ -3,6 +3,7 @@ backtest both carry out."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from slurm_plugin.detection import StragglerEvent
@@ -95,7 +96,7 @@ def test_several_bad_nodes_go_in_one_requeue() -> None:
     )
     slowdowns = {"node3": 40.0, "node2": 25.0}
 
-    def world(recheck: dict[str, float | None], most: int = 4) -> World:
+    def world(recheck: Mapping[str, float | None], most: int = 4) -> World:
         base = _world(NOW)
         cluster = ClusterContext(
             nodes=tuple(NodeInfo(f"node{i}", "idle", (), "", ("debug",)) for i in range(1, 7)),
