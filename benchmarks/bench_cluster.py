@@ -37,6 +37,7 @@ def _row(name: str, s: Score, best: float) -> list[object]:
         s.needless,
         s.not_paying,
         len(s.wrong_persistent),
+        len(s.bad_unmarked),
         len(s.missed),
         f"{s.lost_gpu_h:,.0f}",
         f"{s.spent_gpu_h:,.0f}",
@@ -66,6 +67,7 @@ def main() -> None:
         "needless",
         "not paying",
         "healthy nodes persistent",
+        "bad nodes unmarked",
         "sustained missed",
         "GPU-h lost to stragglers",
         "GPU-h spent evicting",
@@ -85,7 +87,7 @@ def main() -> None:
         made = time.perf_counter() - started
         best = oracle(month)
         lost = f"{never_lost(month):,.0f}"
-        rows.append([f"{seed} {noise} never evict", 0, 0, 0, 0, "-", lost, 0, 0, "0 %"])
+        rows.append([f"{seed} {noise} never evict", 0, 0, 0, 0, "-", "-", lost, 0, 0, "0 %"])
         for policy in policies:
             started = time.perf_counter()
             result = run_backtest(month.trace, policy, context=month.context)
@@ -107,6 +109,7 @@ def main() -> None:
                     ("needless", scored.needless_list),
                     ("healthy persistent", scored.wrong_persistent),
                     ("missed", scored.missed),
+                    ("bad unmarked", scored.bad_unmarked),
                 ):
                     for item in items:
                         print(f"  {what}: {item}")

@@ -8,6 +8,9 @@ nothing about the node.
 
 An incident is a confirmed, sustained slowdown: one that has lasted ``sustained_s`` when it is
 reported, counted once however often it is reported (its episode: the job and when it began).
+On a node another job saw slow in an incident within the window, ``repeat_s`` is enough: such
+a node is evicted within seconds of its next slowdown, which would otherwise never last
+``sustained_s`` and never count, so a bad node slow in job after job was never marked.
 A burst that passes, or a report seconds into a slowdown, is never one; structure (by-design
 imbalance) is compared with itself by the detector and never reported at all.
 """
@@ -24,7 +27,7 @@ NodeState = Literal["ok", "suspect", "persistent"]
 class HistoryParams:
     """Persistence policy (policy ``[persistence]`` values)."""
 
-    incidents: int = 3
+    incidents: int = 2
     distinct_jobs: int = 2
     window_s: float = 7 * 24 * 3600.0
     half_life_s: float = 3 * 24 * 3600.0
@@ -32,8 +35,10 @@ class HistoryParams:
     #: Only nodes with at least one incident backed by hardware evidence (sidecar or prolog:
     #: throttling, XIDs, ECC, low clocks) become persistent; timing alone never drains.
     require_corroboration: bool = False
-    #: A slowdown becomes an incident once it has lasted this long.
+    #: A slowdown becomes an incident once it has lasted this long...
     sustained_s: float = 300.0
+    #: ... or this long on a node another job saw slow in an incident within the window.
+    repeat_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.distinct_jobs < 2:
@@ -137,11 +142,23 @@ def is_incident(history: NodeHistory, incident: Incident, params: HistoryParams)
     episode (the same job and start) to be one."""
     if incident.cause != "compute":
         return False
-    if incident.lasted_s is not None and incident.lasted_s < params.sustained_s:
+    if incident.lasted_s is not None and incident.lasted_s < _needed_s(history, incident, params):
         return False
     return incident.since_ts is None or not any(
         i.job_id == incident.job_id and i.since_ts == incident.since_ts for i in history.incidents
     )
+
+
+def _needed_s(history: NodeHistory, incident: Incident, params: HistoryParams) -> float:
+    """How long the slowdown must have lasted: ``repeat_s`` on a node another job saw slow in
+    an incident within the window, else ``sustained_s``."""
+    seen = any(
+        i.job_id != incident.job_id
+        and i.cause == "compute"
+        and 0 <= incident.ts - i.ts <= params.window_s
+        for i in history.incidents
+    )
+    return min(params.repeat_s, params.sustained_s) if seen else params.sustained_s
 
 
 def record_incident(

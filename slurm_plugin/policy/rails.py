@@ -57,6 +57,15 @@ class PersistencePolicy(Strict):
         "long, and once per slowdown: bursts that pass never mark a node.",
     )
 
+    repeat_s: float = Field(
+        _H.repeat_s,
+        ge=0,
+        le=7 * 86400,
+        description="...or this long on a node another job saw slow in an incident within the "
+        "window (such a node is evicted within seconds of its next slowdown, which would never "
+        "last sustained_s).",
+    )
+
     @model_validator(mode="after")
     def _reachable(self) -> PersistencePolicy:
         # The history's own rule, said when the file is read rather than by the service later.
@@ -71,6 +80,7 @@ class PersistencePolicy(Strict):
         """The node history's parameters."""
         return HistoryParams(
             sustained_s=self.sustained_s,
+            repeat_s=self.repeat_s,
             incidents=self.incidents,
             distinct_jobs=self.distinct_jobs,
             window_s=self.window_days * _DAY,

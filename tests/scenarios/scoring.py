@@ -32,6 +32,9 @@ class Score:
     not_paying: int = 0
     wrong_persistent: list[str] = field(default_factory=list)
     bad_persistent: int = 0
+    #: Bad nodes (a fault of their own) slow in two or more jobs of the month, never marked
+    #: persistent.
+    bad_unmarked: list[str] = field(default_factory=list)
     missed: list[str] = field(default_factory=list)
     lost_gpu_h: float = 0.0
     spent_gpu_h: float = 0.0
@@ -130,6 +133,7 @@ def score(month: Month, result: dict[str, Any]) -> Score:
     healthy = month.healthy_nodes()
     out.wrong_persistent = sorted(set(result["persistent_nodes"]) & healthy)
     out.bad_persistent = len(set(result["persistent_nodes"]) & month.bad_nodes)
+    out.bad_unmarked = unmarked(month, set(result["persistent_nodes"]))
     seen = {(d["job_id"], d["node"], d["ts"]) for d in stragglers if d["cause"] == "compute"}
     for job in month.jobs:
         for s in job.slowdowns:
@@ -148,6 +152,16 @@ def score(month: Month, result: dict[str, Any]) -> Score:
             if not hit:
                 out.missed.append(f"{job.job_id}:{s.node} {s.kind} +{s.extra:.0%}")
     return out
+
+
+def unmarked(month: Month, persistent: set[str]) -> list[str]:
+    """Bad nodes (a fault of their own) sustained-slow in two or more jobs, not persistent."""
+    slow_in: dict[str, set[str]] = {}
+    for job in month.jobs:
+        for s in job.slowdowns:
+            if s.node in month.bad_nodes and measurable(s, job) and s.sustained(job):
+                slow_in.setdefault(s.node, set()).add(job.job_id)
+    return sorted(n for n, seen in slow_in.items() if len(seen) >= 2 and n not in persistent)
 
 
 def _what(job: JobTruth, node: str, t: float) -> str:
