@@ -394,7 +394,8 @@ def test_the_final_verdict_is_decided_once_with_the_facts() -> None:
 
 def test_unknown_is_not_the_worst_case() -> None:
     """Class 2 of the full-scale month: a 16-GPU job without a time limit, 10 hours in, that
-    reports no checkpoints, with a GPU at +55 % (35 % of the job's time) for half an hour.
+    reports no checkpoints (at a site that says its jobs checkpoint hourly), with a GPU at
+    +55 % (35 % of the job's time) for half an hour.
     Taken to lose all 10 hours and to end within the hour, it was never evicted; it ran on
     for 21 hours. Now its remaining run is what a job 10 hours old is expected to run on
     (heavy-tailed run lengths up to 7 days: 10 h x ln(16.8), ~28 h), a requeue loses half the
@@ -402,27 +403,28 @@ def test_unknown_is_not_the_worst_case() -> None:
     job = _job(time_limit_s=None, start_time=NOW - 10 * 3600)
     event = replace(_event(55.0, lasted_s=1800.0), job_loss_pct=35.0)
     no_checkpoints = JobContext()
-    d = _decide(job=job, ctx=no_checkpoints, event=event)
+    evict = POLICIES["evict"]
+    site = evict.model_copy(
+        update={"actions": evict.actions.model_copy(update={"assume_checkpoint_s": 3600.0})}
+    )
+    cluster = ClusterContext(nodes=NODES)
+    d = decide(event, job, site, no_checkpoints, cluster, NOW)
     assert d.action == "evict", d.reasons
     assert d.inputs is not None
     assert d.inputs["remaining_s"] == pytest.approx(36000 * math.log(7 * 24 / 10), abs=1)
     assert d.inputs["remaining_from"] == "expected of a job 36000 s old (no time limit)"
     assert d.inputs["lost_work_s"] == pytest.approx(1800)
     assert d.inputs["lost_work_from"] == "half the site's 3600 s checkpoint interval"
-    # Without the site's interval, the work since the start is still what a requeue loses.
-    unset = POLICIES["evict"].model_copy(
-        update={
-            "actions": POLICIES["evict"].actions.model_copy(update={"assume_checkpoint_s": None})
-        }
-    )
-    d = decide(event, job, unset, no_checkpoints, ClusterContext(nodes=NODES), NOW)
+    # Without the site's interval (the shipped policies: a month's hold-outs lost by
+    # assuming one), the work since the start is still what a requeue loses.
+    d = decide(event, job, evict, no_checkpoints, cluster, NOW)
     assert d.inputs is not None
     assert d.inputs["lost_work_s"] == pytest.approx(10 * 3600)
     assert d.inputs["lost_work_from"] == "the job's start (no checkpoint known)"
     assert d.action == "annotate"
     # A job just started is never credited with more work than it did.
     young = _job(time_limit_s=None, start_time=NOW - 600)
-    d = _decide(job=young, ctx=no_checkpoints, event=event)
+    d = decide(event, young, site, no_checkpoints, cluster, NOW)
     assert d.inputs is not None
     assert d.inputs["lost_work_s"] == pytest.approx(600)
     assert d.inputs["remaining_s"] == pytest.approx(600 * math.log(7 * 86400 / 600), abs=1)
