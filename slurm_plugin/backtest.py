@@ -12,6 +12,7 @@ limits and the evictions the replay itself decided).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,14 @@ import numpy as np
 from slurm_plugin.detection import Detector, Event, RecordBatch, StragglerEvent
 from slurm_plugin.model.cluster import MAX_RANKS_PER_NODE
 from slurm_plugin.policy.decide import is_slowdown
-from slurm_plugin.policy.history import Incident, NodeHistory, other_jobs, record_incident
+from slurm_plugin.policy.history import (
+    HistoryParams,
+    Incident,
+    NodeHistory,
+    other_jobs,
+    record_incident,
+)
+from slurm_plugin.policy.lifecycle import Candidate
 from slurm_plugin.policy.rails import PersistencePolicy
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.replay import Replay
@@ -47,8 +55,46 @@ class BacktestResult:
         return {"detections": self.detections, "persistent_nodes": self.persistent_nodes}
 
 
+def _peers(
+    events: list[Event],
+    i: int,
+    cycle_s: float,
+    policy: Policy,
+    histories: dict[str, NodeHistory],
+    params: HistoryParams,
+) -> Callable[[], tuple[Candidate, ...]]:
+    """The job's other nodes flagged within the service cycle of ``events[i]`` (from its
+    time on, and those at its very time before it), each with its incidents then: what the
+    service's cycle would hold together (asked only of an eviction)."""
+
+    def peers() -> tuple[Candidate, ...]:
+        event = events[i]
+        if not isinstance(event, StragglerEvent):
+            return ()
+        found: list[Candidate] = []
+        for other in events:
+            if (
+                isinstance(other, StragglerEvent)
+                and other.job_id == event.job_id
+                and other.node != event.node
+                and event.ts <= other.ts < event.ts + cycle_s
+                and is_slowdown(other, policy)
+                and other.node not in {c.event.node for c in found}
+            ):
+                history = histories.get(other.node, NodeHistory(other.node))
+                incidents = other_jobs(history, other.job_id, event.ts, params)
+                found.append(Candidate(other, incidents))
+        return tuple(found)
+
+    return peers
+
+
 def _detection(
-    event: Event, policy: Policy, replay: Replay, node_incidents: int = 0
+    event: Event,
+    policy: Policy,
+    replay: Replay,
+    node_incidents: int = 0,
+    peers: Callable[[], tuple[Candidate, ...]] = lambda: (),
 ) -> dict[str, Any]:
     data = event.to_dict()
     if isinstance(event, StragglerEvent):
@@ -77,7 +123,7 @@ def _detection(
             "cusum_ratio": None,
         }
     if isinstance(event, StragglerEvent):
-        replay.decide(event, row, node_incidents)
+        replay.decide(event, row, node_incidents, peers)
     else:
         row["action"] = "none" if policy.actions.mode == "off" else "report"
     row["kind"] = event.kind
@@ -134,13 +180,14 @@ def run_backtest(
     events += _hangs_at_the_end(detector, names, last_ts, float(trace.ts[-1]), policy)
     events.sort(key=lambda e: e.ts)
     replay = Replay(policy, trace, context or TraceContext(), scales=scales)
-    for event in events:
+    for i, event in enumerate(events):
         replay.until(event.ts, before=True)
         past = 0
         if isinstance(event, StragglerEvent):
             history = histories.get(event.node, NodeHistory(event.node))
             past = other_jobs(history, event.job_id, event.ts, hist_params)
-        result.detections.append(_detection(event, policy, replay, past))
+        peers = _peers(events, i, replay.cycle_s, policy, histories, hist_params)
+        result.detections.append(_detection(event, policy, replay, past, peers))
         if isinstance(event, StragglerEvent) and is_slowdown(event, policy):
             node = event.node
             transition = record_incident(

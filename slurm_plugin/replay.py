@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,6 +29,7 @@ from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy.decide import ClusterContext, Decision, JobContext
 from slurm_plugin.policy.lifecycle import (
     UNKNOWN,
+    Candidate,
     Close,
     Effect,
     Evict,
@@ -210,16 +212,23 @@ class Replay:
 
         return World(job, self.policy, self._context(job_id, now, 0), cluster, now, probe)
 
-    def decide(self, event: StragglerEvent, row: dict[str, Any], node_incidents: int = 0) -> None:
+    def decide(
+        self,
+        event: StragglerEvent,
+        row: dict[str, Any],
+        node_incidents: int = 0,
+        peers: Callable[[], tuple[Candidate, ...]] = lambda: (),
+    ) -> None:
         """Put the service's verdict on ``event`` at its time into its detection ``row`` (a
         wait's row is completed when the wait is resolved); ``node_incidents``: other jobs of
-        the trace that saw the node slow before."""
+        the trace that saw the node slow before; ``peers``: the job's other nodes flagged
+        within the same service cycle (they may go in the same requeue)."""
         self._scale[event.job_id] = self.scales.get(id(event))
         if event.node in self.excluded.get(event.job_id, ()):
             row.update(action="none", reasons=["evicted from the job before"])
             return
         held = self.waiting.get(event.job_id)
-        world = self._world(event.job_id, event.ts)
+        world = replace(self._world(event.job_id, event.ts), peers=peers)
         state, effects, decision = detected(
             held.state if held else None, event, node_incidents, str(id(row)), world
         )

@@ -92,6 +92,9 @@ class World:
     #: An eviction of this job is still open (its outcome not yet known); asked only of a
     #: verdict to evict, as the re-check is.
     evicting: Callable[[], bool] = lambda: False
+    #: The job's other nodes flagged in the same cycle as this detection, each with its own
+    #: event and incidents: candidates for the same requeue (asked only of an eviction).
+    peers: Callable[[], tuple[Candidate, ...]] = lambda: ()
 
 
 # -- effects --------------------------------------------------------------------------------
@@ -201,7 +204,7 @@ def detected(
         effects: list[Effect] = []
         if state is not None:
             effects.append(Close(state.decision_id, note=f"superseded by {decision_id}"))
-        others = list(state.candidates) if state is not None else []
+        others = [*(state.candidates if state is not None else ()), *world.peers()]
         nodes = (event.node, *_joining(others, event.step, world, ctx, event.node))
         evict = Evict(
             decision_id, event, decision, nodes, "detection", event.ts, node_incidents, settled

@@ -12,8 +12,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
@@ -219,7 +219,7 @@ class Service:
             if target is not None:
                 handled.add(event.job_id)
                 report.events.append(event.to_dict())
-                report.decisions.append(self._handle(event, target, nodes, now))
+                report.decisions.append(self._handle(event, target, nodes, now, events))
         for job in running.values():
             self._ingest.note_structure(job, self._detectors.values())
             if job.job_id in handled or known[job.job_id].waiting:
@@ -283,7 +283,12 @@ class Service:
         )
 
     def _handle(
-        self, event: Event, job: JobInfo, nodes: tuple[NodeInfo, ...], now: float
+        self,
+        event: Event,
+        job: JobInfo,
+        nodes: tuple[NodeInfo, ...],
+        now: float,
+        cycle: Sequence[Event] = (),
     ) -> dict[str, Any]:
         policy = self.policy_for(job)
         decision_id = marks.new_decision_id()
@@ -331,6 +336,18 @@ class Service:
         job_state = self.state.job_state(job.job_id)
         held = self._decisions.waiting(job_state)
         world = self._world(job, job_state, policy, nodes, now)
+
+        def peers() -> tuple[lifecycle.Candidate, ...]:
+            return tuple(
+                lifecycle.Candidate(e, self._node_incidents(e.node, job, now))
+                for e in cycle
+                if isinstance(e, StragglerEvent)
+                and e.job_id == job.job_id
+                and e.node != event.node
+                and is_slowdown(e, policy)
+            )
+
+        world = replace(world, peers=peers)
         state, effects, decision = lifecycle.detected(held, event, past, decision_id, world)
         if is_slowdown(event, policy):
             self._value.straggling(event, decision)

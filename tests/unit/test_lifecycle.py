@@ -124,3 +124,32 @@ def test_several_bad_nodes_go_in_one_requeue() -> None:
     _, (room,) = lifecycle.tick(waiting, small)
     assert isinstance(room, lifecycle.Evict)
     assert room.nodes == ("node3",)
+
+
+def test_nodes_flagged_in_the_same_cycle_go_in_the_same_requeue() -> None:
+    """The worst month's class: a 4,096-GPU job with five bad nodes from its first step
+    evicted one, waited out its cooldown, evicted another and reached max_requeues with
+    three left. A detection decided to evict at once takes the job's other nodes flagged in
+    the same cycle (peers) into the same requeue, each on its own verdict."""
+    second = replace(_event(), node="node2", ranks=[3], slowdown_pct=25.0, job_loss_pct=15.0)
+    base = _world(NOW)
+    cluster = ClusterContext(
+        nodes=tuple(NodeInfo(f"node{i}", "idle", (), "", ("debug",)) for i in range(1, 7))
+    )
+    slowdowns = {"node3": 40.0, "node2": 25.0}
+    world = replace(
+        base,
+        cluster=cluster,
+        recheck=lambda e, _since: slowdowns.get(e.node),
+        peers=lambda: (lifecycle.Candidate(second, 1),),
+    )
+    state, effects, decision = lifecycle.detected(None, _event(), 1, "d1", world)
+    assert state is None
+    assert decision.action == "evict"
+    (evict,) = effects
+    assert isinstance(evict, lifecycle.Evict)
+    assert evict.nodes == ("node3", "node2")
+    alone = replace(world, peers=lambda: ())
+    _, (one,), _ = lifecycle.detected(None, _event(), 1, "d1", alone)
+    assert isinstance(one, lifecycle.Evict)
+    assert one.nodes == ("node3",)
