@@ -171,9 +171,9 @@ def _value(name: str, text: str) -> Any:
             return None
         return _json_kept(annotation, value)
     if "float" in annotation:
-        return _float(text)
+        return finite(text)
     if "int" in annotation:
-        number = _float(text)
+        number = finite(text)
         return None if number is None else int(number)
     return text
 
@@ -192,7 +192,8 @@ def _json_kept(annotation: str, value: Any) -> Any:
     return [v for v in value if isinstance(v, dict)]
 
 
-def _float(text: str) -> float | None:
+def finite(text: str) -> float | None:
+    """A number a record holds as text, or None when unreadable or not finite (a NaN)."""
     try:
         number = float(text)
     except ValueError:

@@ -20,7 +20,6 @@ Fields, in ``docs/redis-schema.md``:
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.policy.decide import JobContext
+from slurm_plugin.store.decision import finite
 
 #: The counts of records not believed, one field per reason.
 IGNORED_PREFIX = "ignored_"
@@ -127,7 +127,7 @@ def read(raw: Mapping[str, str]) -> JobState:
             if number is not None:
                 values[name] = number
         elif "float" in annotation:
-            value = _float(text)
+            value = finite(text)
             if value is not None:
                 values[name] = value
         else:
@@ -144,14 +144,6 @@ def _structure(text: str) -> list[dict[str, Any]] | None:
     return [g for g in value if isinstance(g, dict)] if isinstance(value, list) else None
 
 
-def _float(text: str) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
 def _int(text: str) -> int | None:
-    value = _float(text)
+    value = finite(text)
     return None if value is None else int(value)

@@ -12,6 +12,7 @@ from slurm_plugin.policy import lifecycle
 from slurm_plugin.policy.decide import ClusterContext, JobContext
 from slurm_plugin.policy.lifecycle import RECHECK_GAVE_UP, Close, Rechecking, Record, World
 from tests.unit.test_decide import BASE_JOB, NODES, NOW, POLICIES
+from tests.unit.test_decide import _event as decide_event
 
 
 def _world(now: float, job: JobInfo = BASE_JOB) -> World:
@@ -28,20 +29,8 @@ def _world(now: float, job: JobInfo = BASE_JOB) -> World:
 
 
 def _event() -> StragglerEvent:
-    return StragglerEvent(
-        job_id="5",
-        node="node3",
-        gpu=1,
-        ranks=[5],
-        step=100,
-        ts=NOW,
-        cusum_ratio=1.2,
-        slowdown_pct=40.0,
-        cause="compute",
-        scope="gpu",
-        since_ts=NOW - 900,
-        job_loss_pct=25.0,
-    )
+    """node3 at +40 %, a quarter of the job's time, for 15 minutes."""
+    return replace(decide_event(40.0), job_loss_pct=25.0)
 
 
 def test_a_decision_never_waits_forever_for_a_recheck() -> None:
