@@ -29,7 +29,13 @@ from tests.scenarios.scoring import Score, never_lost, oracle, score
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _row(name: str, s: Score, best: float) -> list[object]:
+def _ett(lost_gpu_h: float, total_gpu_h: float) -> str:
+    """The straggler part of the month's effective training time: the share of its jobs'
+    GPU-hours not lost to stragglers or spent on evictions."""
+    return f"{1.0 - lost_gpu_h / total_gpu_h:.4f}" if total_gpu_h > 0 else "-"
+
+
+def _row(name: str, s: Score, best: float, total: float) -> list[object]:
     share = f"{100 * s.net_gpu_h / best:.0f} %" if best > 0 else "-"
     return [
         name,
@@ -43,6 +49,7 @@ def _row(name: str, s: Score, best: float) -> list[object]:
         f"{s.spent_gpu_h:,.0f}",
         f"{s.saved_gpu_h:,.0f}",
         share,
+        _ett(s.lost_gpu_h, total),
     ]
 
 
@@ -73,9 +80,11 @@ def main() -> None:
         "GPU-h spent evicting",
         "GPU-h saved",
         "of the oracle's net saving",
+        "effective training time (stragglers)",
     ]
     rows: list[list[object]] = []
     worst: dict[str, tuple[float, str]] = {}
+    below: dict[str, list[str]] = {}  # months where a policy's effective time is under never
     months = [
         (seed, noise)
         for noise in args.noise or NOISE_MODELS
@@ -86,14 +95,19 @@ def main() -> None:
         month = cluster_month(seed, jobs, scale, noise)
         made = time.perf_counter() - started
         best = oracle(month)
-        lost = f"{never_lost(month):,.0f}"
+        total = sum(j.gpu_hours(j.end_ts - j.start_ts) for j in month.jobs)
+        never = never_lost(month)
+        lost = f"{never:,.0f}"
         rows.append([f"{seed} {noise} never evict", 0, 0, 0, 0, "-", "-", lost, 0, 0, "0 %"])
+        rows[-1].append(_ett(never, total))
         for policy in policies:
             started = time.perf_counter()
             result = run_backtest(month.trace, policy, context=month.context)
             replayed = time.perf_counter() - started
             scored = score(month, result.to_dict())
-            rows.append(_row(f"{seed} {noise} {policy.name}", scored, best.net_gpu_h))
+            rows.append(_row(f"{seed} {noise} {policy.name}", scored, best.net_gpu_h, total))
+            if scored.lost_gpu_h > never:
+                below.setdefault(policy.name, []).append(f"seed {seed} {noise}")
             if best.net_gpu_h > 0:
                 share = 100 * scored.net_gpu_h / best.net_gpu_h
                 if share < worst.get(policy.name, (float("inf"), ""))[0]:
@@ -113,10 +127,16 @@ def main() -> None:
                 ):
                     for item in items:
                         print(f"  {what}: {item}")
-        rows.append(_row(f"{seed} {noise} oracle", best, best.net_gpu_h))
+        rows.append(_row(f"{seed} {noise} oracle", best, best.net_gpu_h, total))
     print(table(header, rows))
     for name, (share, month_name) in worst.items():
         print(f"worst month under {name}: {month_name}, {share:.0f} % of the oracle's net saving")
+    for policy in policies:
+        months_below = below.get(policy.name, [])
+        print(
+            f"months where {policy.name}'s effective training time is below never evicting: "
+            f"{', '.join(months_below) if months_below else 'none'}"
+        )
 
 
 if __name__ == "__main__":
