@@ -28,7 +28,7 @@ from slurm_plugin.policy.history import (
     other_jobs,
     record_incident,
 )
-from slurm_plugin.policy.lifecycle import Candidate
+from slurm_plugin.policy.lifecycle import Candidate, peers_of
 from slurm_plugin.policy.rails import PersistencePolicy
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.replay import Replay
@@ -63,28 +63,25 @@ def _peers(
     histories: dict[str, NodeHistory],
     params: HistoryParams,
 ) -> Callable[[], tuple[Candidate, ...]]:
-    """The job's other nodes flagged within the service cycle of ``events[i]`` (from its
-    time on, and those at its very time before it), each with its incidents then: what the
-    service's cycle would hold together (asked only of an eviction)."""
+    """:func:`~slurm_plugin.policy.lifecycle.peers_of` ``events[i]`` among the events of its
+    service cycle (those at its very time, and after it within ``cycle_s``; ``events`` in ts
+    order), each node with its incidents then (asked only of an eviction)."""
 
     def peers() -> tuple[Candidate, ...]:
         event = events[i]
         if not isinstance(event, StragglerEvent):
             return ()
-        found: list[Candidate] = []
-        for other in events:
-            if (
-                isinstance(other, StragglerEvent)
-                and other.job_id == event.job_id
-                and other.node != event.node
-                and event.ts <= other.ts < event.ts + cycle_s
-                and is_slowdown(other, policy)
-                and other.node not in {c.event.node for c in found}
-            ):
-                history = histories.get(other.node, NodeHistory(other.node))
-                incidents = other_jobs(history, other.job_id, event.ts, params)
-                found.append(Candidate(other, incidents))
-        return tuple(found)
+        start = i
+        while start > 0 and events[start - 1].ts == event.ts:
+            start -= 1
+        later = itertools.islice(events, start, None)
+        cycle = itertools.takewhile(lambda e: e.ts < event.ts + cycle_s, later)
+
+        def incidents(node: str) -> int:
+            history = histories.get(node, NodeHistory(node))
+            return other_jobs(history, event.job_id, event.ts, params)
+
+        return peers_of(event, cycle, policy, incidents)
 
     return peers
 

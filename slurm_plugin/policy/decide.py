@@ -212,22 +212,13 @@ def _more_lost_work(
     eviction waits for a checkpoint: it loses no work either way)."""
     if gain.lost_work_s <= 0 and gain.checkpoint_wait_s > 0:
         return 0.0
-    if ctx.last_checkpoint_ts is None and _assumed_checkpoints(gain):
-        # Checkpoints at an unknown phase: what a requeue loses grows until half an interval.
-        later_lost = lost_work(job, ctx, policy, later)[0]
-        return max(0.0, later_lost - gain.lost_work_s)
-    last = ctx.last_checkpoint_ts if ctx.last_checkpoint_ts is not None else job.start_time
-    if last is None:
-        return 0.0
+    last = ctx.last_checkpoint_ts
+    if last is None:  # since the start, or up to half the site's interval
+        return max(0.0, lost_work(job, ctx, policy, later)[0] - gain.lost_work_s)
     period = ctx.checkpoint_period_s
-    if period and period > 0 and ctx.last_checkpoint_ts is not None:
+    if period and period > 0:
         last += math.floor(max(0.0, later - last) / period) * period
     return max(0.0, max(0.0, later - last) - gain.lost_work_s)
-
-
-def _assumed_checkpoints(gain: Goodput) -> bool:
-    """The lost work was taken from the site's checkpoint interval (the job reports none)."""
-    return gain.lost_work_from.startswith("half the site's")
 
 
 def _share(event: StragglerEvent) -> tuple[float, str]:

@@ -26,13 +26,19 @@ reaches the same accounting on both paths.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
-from slurm_plugin.detection.events import StragglerEvent
+from slurm_plugin.detection.events import Event, StragglerEvent
 from slurm_plugin.model.cluster import JobInfo
-from slurm_plugin.policy.decide import ClusterContext, Decision, JobContext, decide
+from slurm_plugin.policy.decide import (
+    ClusterContext,
+    Decision,
+    JobContext,
+    decide,
+    is_slowdown,
+)
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.policy.verdict import UNKNOWN, Facts, final, recheck
 
@@ -236,6 +242,27 @@ def detected(
     return state, [record], decision
 
 
+def peers_of(
+    event: StragglerEvent,
+    flagged: Iterable[Event],
+    policy: Policy,
+    incidents: Callable[[str], int],
+) -> tuple[Candidate, ...]:
+    """The job's other nodes among ``flagged`` (a cycle's detections) that slowed it, each
+    once, with its incidents in other jobs (``incidents(node)``): :attr:`World.peers`."""
+    found: dict[str, Candidate] = {}
+    for other in flagged:
+        if (
+            isinstance(other, StragglerEvent)
+            and other.job_id == event.job_id
+            and other.node != event.node
+            and other.node not in found
+            and is_slowdown(other, policy)
+        ):
+            found[other.node] = Candidate(other, incidents(other.node))
+    return tuple(found.values())
+
+
 def _joining(
     others: list[Candidate], step: int, world: World, ctx: JobContext, first: str
 ) -> list[str]:
@@ -357,6 +384,7 @@ __all__ = [
     "World",
     "detected",
     "ended",
+    "peers_of",
     "slowest",
     "tick",
 ]

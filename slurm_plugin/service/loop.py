@@ -338,14 +338,10 @@ class Service:
         world = self._world(job, job_state, policy, nodes, now)
 
         def peers() -> tuple[lifecycle.Candidate, ...]:
-            return tuple(
-                lifecycle.Candidate(e, self._node_incidents(e.node, job, now))
-                for e in cycle
-                if isinstance(e, StragglerEvent)
-                and e.job_id == job.job_id
-                and e.node != event.node
-                and is_slowdown(e, policy)
-            )
+            def incidents(node: str) -> int:
+                return self._node_incidents(node, job, now)
+
+            return lifecycle.peers_of(event, cycle, policy, incidents)
 
         world = replace(world, peers=peers)
         state, effects, decision = lifecycle.detected(held, event, past, decision_id, world)
