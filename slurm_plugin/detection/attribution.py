@@ -3,9 +3,18 @@ job's step time its ranks cost."""
 
 from __future__ import annotations
 
+import math
+from statistics import NormalDist
+
 import numpy as np
 
 from slurm_plugin.detection.params import F64
+from slurm_plugin.detection.stats import MAD_TO_SIGMA, row_median
+
+#: Fewest other ranks with a level to compare with (fewer: no bar, the event says None).
+MIN_REFERENCE_RANKS = 4
+#: A MAD's efficiency against the standard deviation under normal data: its ranks' worth.
+_MAD_EFFICIENCY = 0.37
 
 
 def job_loss_pct(
@@ -70,3 +79,45 @@ def run_start(scores: F64, k: float) -> int:
         if s == 0.0:
             start = i + 1
     return min(start, len(scores) - 1)
+
+
+def stand_out(
+    level: F64, ranks: list[int], alpha: float, spread_floor: float = 0.0, pooled: float = 1.0
+) -> tuple[float | None, float | None]:
+    """How far the flagged ``ranks``' level (their mean over ``level``, each rank's smoothed
+    relative excess compute) stands above the job's other ranks', in units of those ranks'
+    rank-to-rank spread of levels (robust: 1.4826 x MAD, at least ``spread_floor``: the same
+    spread smoothed over the job's steps), and the bar a straggler must clear among this
+    many ranks: the normal quantile ``1 - alpha / ranks`` (the chance that the least
+    favourable healthy rank of the job clears it at one look), widened as Student's t for a
+    spread estimated from few ranks (Cornish-Fisher, a MAD worth 37 % of its ranks, times
+    ``pooled``: how many rows' worth of ranks the smoothed spread has taken in, 1 to 4).
+
+    Under independent per-step noise the smoothed levels of healthy ranks are tight and a
+    slow GPU stands out by far; under slow drift of each rank (thermals, clocks,
+    neighbours) they spread as wide as one step's noise, and the slowest of many healthy
+    ranks is only the tail of that spread: evicting it swaps in a node whose ranks drift as
+    much. (None, None): too few other ranks to tell."""
+    if not len(level) or not ranks:
+        return None, None
+    levels = level.mean(axis=0)
+    flagged = np.zeros(level.shape[1], dtype=bool)
+    flagged[ranks] = True
+    ref = levels[~flagged & np.isfinite(levels)]
+    own = levels[flagged & np.isfinite(levels)]
+    if len(ref) < MIN_REFERENCE_RANKS or not len(own):
+        return None, None
+    med = float(np.median(ref))
+    spread = max(float(np.median(np.abs(ref - med))) * MAD_TO_SIGMA, spread_floor)
+    q = NormalDist().inv_cdf(1.0 - alpha / (len(ref) + len(own)))
+    df = _MAD_EFFICIENCY * len(ref) * min(4.0, max(1.0, pooled))
+    bar = round(q * (1.0 + (q * q + 1.0) / (4.0 * df)), 2)
+    if not spread > 0.0:
+        return (math.inf if float(own.mean()) > med else 0.0), bar
+    return round(float((own.mean() - med) / spread), 2), bar
+
+
+def level_spread(level: F64) -> F64:
+    """Per row, the rank-to-rank spread of the ranks' levels (1.4826 x MAD; NaN: none)."""
+    med = row_median(level)
+    return row_median(np.abs(level - med[:, None])) * MAD_TO_SIGMA

@@ -42,6 +42,12 @@ class StragglerEvent(_Json):
     #: The share of the job's step time (%) the node costs it: the what-if of the recent
     #: steps without its ranks (None: unknown, nothing to compare with).
     job_loss_pct: float | None = None
+    #: How far the flagged ranks' level over the episode's steps stands above the job's other
+    #: ranks', in their rank-to-rank spread of levels, and the bar a straggler among the
+    #: job's ranks must clear (:func:`slurm_plugin.detection.attribution.stand_out`; None:
+    #: too few ranks to tell).
+    level_z: float | None = None
+    level_z_min: float | None = None
 
     @property
     def lasted_s(self) -> float:

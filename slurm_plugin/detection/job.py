@@ -21,7 +21,13 @@ from typing import Any
 import numpy as np
 
 from slurm_plugin.detection import structure
-from slurm_plugin.detection.attribution import job_loss_pct, run_start, transfer_excess
+from slurm_plugin.detection.attribution import (
+    job_loss_pct,
+    level_spread,
+    run_start,
+    stand_out,
+    transfer_excess,
+)
 from slurm_plugin.detection.block import MAX_ROWS, Block, what_if
 from slurm_plugin.detection.charts import CAP, END_ARL, bank, node_references
 from slurm_plugin.detection.episodes import Episodes
@@ -32,6 +38,7 @@ from slurm_plugin.detection.stats import (
     MAD_TO_SIGMA,
     cusum,
     ewma,
+    ewma_columns,
     row_median,
 )
 from slurm_plugin.detection.structure import Layout, Warmup
@@ -62,6 +69,12 @@ class _Tail:
     number: F64
     #: Each rank's collective wait (the last rank's is the transfer: ``transfer_excess``).
     comm: F64
+    #: Each rank's level: its relative excess compute smoothed over ``level_halflife_steps``.
+    level: F64
+    #: Per row, the ranks' spread of levels smoothed over the same half-life, and how many
+    #: half-lives of live steps the levels have seen.
+    level_spread: F64
+    level_age: F64
     offset: int = 0
 
 
@@ -95,6 +108,10 @@ class JobDetector:
         self._tail: _Tail | None = None
         self._sync = SyncStallChart(self.params)
         self._alpha = 1.0 - 0.5 ** (1.0 / self.params.spread_halflife_steps)
+        self._level_alpha = 1.0 - 0.5 ** (1.0 / self.params.level_halflife_steps)
+        self._level = np.zeros(n)
+        self._level_spread = math.nan
+        self._level_steps = 0
         self._order = np.argsort(self.rank_node, kind="stable")
         nodes_sorted = self.rank_node[self._order]
         self._node_starts = np.flatnonzero(np.r_[True, nodes_sorted[1:] != nodes_sorted[:-1]])
@@ -176,6 +193,9 @@ class JobDetector:
         self._offset, self.structure = structure.learn(self._warm, layout, self.params)
         self._scale = np.exp(self._offset) if self.structure else None
         self._spread = math.nan  # the spread seen so far included the structure
+        self._level[:] = 0.0
+        self._level_spread = math.nan
+        self._level_steps = 0
 
     def _warm_up(self, c: F64, med_c: F64, valid_rows: np.ndarray) -> None:
         """Add warm-up rows to each rank's sums of log(compute / the step's median)."""
@@ -238,8 +258,20 @@ class JobDetector:
         input_hit = (input_s > _INPUT_THRESHOLD) & np.isfinite(b.data)
 
         ready = what_if(b, med_c, self._scale)
+        level, spread_of_levels, level_age = self._levels(excess_c, live)
         window = self._window(
-            _Tail(excess_c, excess_d, z, *ready, b.ts, b.steps.astype(float), b.comm)
+            _Tail(
+                excess_c,
+                excess_d,
+                z,
+                *ready,
+                b.ts,
+                b.steps.astype(float),
+                b.comm,
+                level,
+                spread_of_levels,
+                level_age,
+            )
         )
         input_calm = self._episodes.input_calm(input_s / _INPUT_THRESHOLD)
         self._episodes.block(b.ts, {**ended, "input:node": input_calm})
@@ -252,6 +284,22 @@ class JobDetector:
             step, ts, rise_pct = int(b.steps[stall[0]]), float(b.ts[stall[0]]), stall[1]
             events.append(SyncStallEvent(self.job_id, step, ts, rise_pct, self.attempt))
         return events
+
+    def _levels(self, excess_c: F64, live: np.ndarray) -> tuple[F64, F64, F64]:
+        """Per row and rank, each rank's level (its relative excess compute over the live
+        rows, smoothed over ``level_halflife_steps``), and per row the ranks' spread of
+        levels smoothed the same way (:func:`attribution.stand_out` compares with them)."""
+        level = ewma_columns(
+            np.where(live[:, None], excess_c, np.nan), self._level_alpha, self._level
+        )
+        spread = ewma(level_spread(level), self._level_alpha, self._level_spread)
+        age = self._level_steps + np.cumsum(live)
+        if len(level):
+            self._level = level[-1].copy()
+            self._level_steps = int(age[-1])
+            if np.isfinite(spread[-1]):
+                self._level_spread = float(spread[-1])
+        return level, spread, age / self.params.level_halflife_steps
 
     # -- CUSUM banks -------------------------------------------------------------------------
     def _node_charts(
@@ -472,6 +520,17 @@ class JobDetector:
         job_loss = job_loss_pct(
             window.ready[lo:hi], window.step[lo:hi], node_ranks, healthy, others, transfer
         )
+        level_z, level_bar = (
+            stand_out(
+                window.level[at : at + 1],
+                ranks,
+                self.params.outlier_alpha,
+                float(np.nan_to_num(window.level_spread[at])),
+                1.0 + float(window.level_age[at]),
+            )
+            if kind == "compute"
+            else (None, None)
+        )
         # It began when the step before its first slow one ended.
         since = float(window.ts[lo - 1] if lo > 0 else window.ts[lo])
         return StragglerEvent(
@@ -488,4 +547,6 @@ class JobDetector:
             attempt=self.attempt,
             since_ts=since if math.isfinite(since) else None,
             job_loss_pct=job_loss,
+            level_z=level_z,
+            level_z_min=level_bar,
         )

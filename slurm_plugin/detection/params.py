@@ -28,6 +28,12 @@ class DetectionParams:
     #: its step time (%) is no slowdown of the job: it neither starts nor continues an
     #: episode (and the policy acts on none).
     min_job_loss_pct: float = 0.5
+    #: A straggler's level must stand out from the job's rank-to-rank spread of levels by
+    #: the normal quantile ``1 - outlier_alpha / ranks`` (attribution.stand_out).
+    outlier_alpha: float = 0.001
+    #: Each rank's level (its relative excess compute) is smoothed over this many steps'
+    #: half-life for that comparison: long against the slow drift of healthy ranks.
+    level_halflife_steps: float = 128.0
     false_alarm_arl: float = DEFAULT_ARL
     warmup_steps: int = 20
     #: The warm-up also ends after this many seconds of steps (at least 3 steps): a job of
@@ -59,6 +65,8 @@ class DetectionParams:
         checks = {
             "min_slowdown_pct": self.min_slowdown_pct > 0,
             "min_job_loss_pct": 0 <= self.min_job_loss_pct <= 100,
+            "outlier_alpha": 0 < self.outlier_alpha < 1,
+            "level_halflife_steps": self.level_halflife_steps > 0,
             "false_alarm_arl": self.false_alarm_arl > 10,
             "warmup_steps": self.warmup_steps >= 0,
             "warmup_s": self.warmup_s > 0,

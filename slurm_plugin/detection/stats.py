@@ -69,6 +69,21 @@ def ewma(values: F64, alpha: float, start: float) -> F64:
     return out
 
 
+def ewma_columns(values: F64, alpha: float, start: F64) -> F64:
+    """:func:`ewma` of every column (rows x columns) from ``start`` (per column; NaN: take
+    the column's first finite value). NaN inputs keep the previous value."""
+    out = np.empty_like(values)
+    state = np.array(start, dtype=np.float64, copy=True)
+    for row in range(len(values)):
+        value = values[row]
+        finite = np.isfinite(value)
+        fresh = finite & ~np.isfinite(state)
+        state[fresh] = value[fresh]
+        state = np.where(finite, state + alpha * (value - state), state)
+        out[row] = state
+    return out
+
+
 def cusum(increments: F64, start: F64, cap: F64 | None = None) -> F64:
     """One-sided CUSUM S_t = max(0, S_{t-1} + Y_t) of every column, vectorised over time.
 

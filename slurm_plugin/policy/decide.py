@@ -370,8 +370,10 @@ def is_slowdown(event: StragglerEvent, policy: Policy) -> bool:
     job at least ``min_job_loss_pct`` of its time when the detector could say. Anything else
     (a speed-up, a slowdown too small to matter, a rank the job does not wait for) never
     enters node history, an annotation or a decision."""
-    return event.slowdown_pct >= minimum_slowdown_pct(event, policy) and not _costs_nothing(
-        event, policy
+    return (
+        event.slowdown_pct >= minimum_slowdown_pct(event, policy)
+        and not _costs_nothing(event, policy)
+        and not blends_in(event)
     )
 
 
@@ -385,10 +387,31 @@ def _costs_nothing(event: StragglerEvent, policy: Policy) -> bool:
     )
 
 
+def blends_in(event: StragglerEvent) -> bool:
+    """A compute straggler whose level does not stand out from the job's own rank-to-rank
+    spread of levels (:func:`slurm_plugin.detection.attribution.stand_out`): the tail of how
+    the job's healthy ranks differ, not a fault of the node. Unknown (too few ranks, a record
+    of an earlier release) never blends in."""
+    z, bar = event.level_z, event.level_z_min
+    return (
+        event.cause == "compute"
+        and z is not None
+        and bar is not None
+        and math.isfinite(bar)
+        and not z >= bar  # a NaN level blends in
+    )
+
+
 def _not_acted_on(event: StragglerEvent, policy: Policy) -> str | None:
     """Why an event leads to nothing at all (not even an annotation), or None."""
     if policy.actions.mode == "off":
         return "policy is off"
+    if blends_in(event):
+        return (
+            f"{event.node} does not stand out from the job's own rank-to-rank variation: its "
+            f"level is {event.level_z:.1f} spreads above the other ranks', a straggler among "
+            f"this many ranks must clear {event.level_z_min:.1f}"
+        )
     if _costs_nothing(event, policy):
         return (
             f"the job would be no faster without {event.node}: it costs "

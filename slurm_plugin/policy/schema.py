@@ -37,6 +37,16 @@ class DetectionPolicy(Strict):
         "that the job never waits for (others are slower still, as under MoE routing) is "
         "neither acted on nor counted in node history.",
     )
+    outlier_alpha: float = Field(
+        _D.outlier_alpha,
+        gt=0,
+        lt=1,
+        description="A compute straggler's level over its recent steps must stand out from "
+        "the job's rank-to-rank spread of levels by the normal quantile 1 - outlier_alpha / "
+        "ranks (the chance that a job's least favourable healthy rank clears it at one "
+        "look): under slow per-rank drift the slowest of many healthy ranks is no fault, and "
+        "evicting it swaps in a node that drifts as much. Lower is stricter.",
+    )
     false_alarm_arl: float = Field(
         _D.false_alarm_arl,
         gt=10,

@@ -71,6 +71,12 @@ def waiting_of(rec: DecisionRecord, since: float | None) -> Waiting | None:
     return Waiting(rec.id, tuple(found), start, waiting_for, rechecking)
 
 
+#: What a candidate keeps of its own event (beside node, ranks and its incidents).
+_CANDIDATE_FIELDS = frozenset(
+    {"slowdown_pct", "since_ts", "job_loss_pct", "cause", "scope", "gpu", "level_z", "level_z_min"}
+)
+
+
 def candidates_field(waiting: Waiting) -> list[dict[str, Any]]:
     """The record's ``candidates``: each node flagged after the first, with its own event."""
     return [
@@ -78,11 +84,7 @@ def candidates_field(waiting: Waiting) -> list[dict[str, Any]]:
             "node": c.event.node,
             "ranks": c.event.ranks[:32],
             "node_incidents": c.node_incidents,
-            **{
-                k: v
-                for k, v in c.event.to_dict().items()
-                if k in {"slowdown_pct", "since_ts", "job_loss_pct", "cause", "scope", "gpu"}
-            },
+            **{k: v for k, v in c.event.to_dict().items() if k in _CANDIDATE_FIELDS},
         }
         for c in waiting.candidates[1:]
     ]
@@ -113,6 +115,8 @@ def _event(
         scope=scope if scope in {"gpu", "node"} else "gpu",
         since_ts=_number(pick("since_ts")),
         job_loss_pct=_number(pick("job_loss_pct")),
+        level_z=_number(pick("level_z")),
+        level_z_min=_number(pick("level_z_min")),
     )
 
 

@@ -234,7 +234,14 @@ def test_the_actions_are_the_services_decisions(tmp_path: Path) -> None:
     _companions(path, {j: (t, t + 10 * 3600) for j, t in starts.items()}, every_s=60.0)
     result = CliRunner().invoke(cli, ["backtest", str(path), "--json"])
     assert result.exit_code == 0, result.output
-    detections = json.loads(result.stdout)["detections"]
+    everything = json.loads(result.stdout)["detections"]
+    # A slowdown is first reported while its rank's smoothed level still builds up: it does
+    # not stand out from the other ranks' yet, and nothing is done (a few steps at most).
+    early = [d for d in everything if "does not stand out" in d["reasons"][0]]
+    assert all(d["action"] == "none" for d in early)
+    assert all(d["step"] <= 100 + 40 for d in early if d["job_id"] == "61"), early
+    assert all(d["step"] <= 50 + 20 for d in early if d["job_id"] == "62"), early
+    detections = [d for d in everything if d not in early]
     rows = {d["job_id"]: d for d in reversed(detections)}  # each job's first
     assert rows["61"]["action"] == "annotate"
     assert rows["61"]["inputs"]["share_from"] == "the job's steps without the node"

@@ -19,6 +19,7 @@ from slurm_plugin.policy.decide import (
     ClusterContext,
     Decision,
     JobContext,
+    blends_in,
     decide,
     is_slowdown,
     outlook,
@@ -458,3 +459,30 @@ def test_a_marginal_saving_on_a_big_stake_is_not_evicted() -> None:
     assert "costs 3600 s, a margin within 0.5 standard deviation" in why
     clear = decide(event, job, evict, JobContext(last_checkpoint_ts=NOW - 60), cluster, NOW)
     assert clear.action == "evict", clear.reasons
+
+
+def test_a_straggler_that_blends_into_its_jobs_drift_is_not_acted_on() -> None:
+    """Issue 36, the held-out noise model: a long, costly slowdown of a rank whose smoothed
+    level stands 3.1 spreads above its job's other ranks', where a straggler among them must
+    clear 4.1, is the slowest of healthy ranks that drift: no action, no note, no slowdown
+    for node history. Clearing the bar, or unknown (too few ranks, an older record), it is
+    decided as before."""
+    event = replace(_event(12.0, lasted_s=3600.0), job_loss_pct=8.0)
+    cluster = ClusterContext(nodes=NODES)
+    evict = POLICIES["evict"]
+    blended = replace(event, level_z=3.1, level_z_min=4.1)
+    d = decide(blended, _job(), evict, JobContext(), cluster, NOW)
+    assert d.action == "none"
+    assert d.reasons == [
+        (
+            "node3 does not stand out from the job's own rank-to-rank variation: its level is "
+            "3.1 spreads above the other ranks', a straggler among this many ranks must clear 4.1"
+        )
+    ]
+    assert not is_slowdown(blended, evict)
+    assert not is_slowdown(replace(event, level_z=math.nan, level_z_min=4.1), evict)
+    for clear in (replace(event, level_z=4.2, level_z_min=4.1), event):
+        assert is_slowdown(clear, evict)
+        assert decide(clear, _job(), evict, JobContext(), cluster, NOW).action == "evict"
+    # Data loading is compared by its own chart, never by the compute level.
+    assert not blends_in(replace(blended, cause="input"))

@@ -86,7 +86,9 @@ def test_a_waiting_decision_keeps_its_candidates_through_its_record() -> None:
     each node flagged after it with its own event and incidents; a record of 0.1 (candidates
     as node and ranks only) still reads, each candidate on the first event's numbers."""
     first = _event("node3", [4, 5])
-    joined = replace(_event("node1", [0]), slowdown_pct=33.0, since_ts=12.0)
+    joined = replace(
+        _event("node1", [0]), slowdown_pct=33.0, since_ts=12.0, level_z=2.5, level_z_min=4.1
+    )
     state = Waiting("d1", (Candidate(first, 0), Candidate(joined, 2)), 100.0)
     rec = {
         "state": "waiting",
@@ -104,6 +106,9 @@ def test_a_waiting_decision_keeps_its_candidates_through_its_record() -> None:
     assert back.candidates[1].event.slowdown_pct == pytest.approx(33.0)
     assert back.candidates[1].event.since_ts == pytest.approx(12.0)
     assert back.candidates[1].node_incidents == 2
+    # A candidate that blends into its job's rank-to-rank spread still does when decided on.
+    assert back.candidates[1].event.level_z == pytest.approx(2.5)
+    assert back.candidates[1].event.level_z_min == pytest.approx(4.1)
     assert back.event.ranks == [4, 5]
     old = {**rec, "candidates": json.dumps([{"node": "node1", "ranks": [0]}])}
     del old["event"]
