@@ -37,6 +37,7 @@ from slurm_plugin.detection.recheck import tail_slowdown_pct
 from slurm_plugin.detection.stats import (
     MAD_TO_SIGMA,
     cusum,
+    envelope,
     ewma,
     ewma_columns,
     row_median,
@@ -287,12 +288,18 @@ class JobDetector:
 
     def _levels(self, excess_c: F64, live: np.ndarray) -> tuple[F64, F64, F64]:
         """Per row and rank, each rank's level (its relative excess compute over the live
-        rows, smoothed over ``level_halflife_steps``), and per row the ranks' spread of
-        levels smoothed the same way (:func:`attribution.stand_out` compares with them)."""
+        rows, smoothed over ``level_halflife_steps``), and per row the widest spread of
+        levels the job has shown, fading over four of those half-lives
+        (:func:`attribution.stand_out` compares with them: a spread that happens to be
+        tight among few ranks never makes a drifting rank look like a fault)."""
         level = ewma_columns(
             np.where(live[:, None], excess_c, np.nan), self._level_alpha, self._level
         )
-        spread = ewma(level_spread(level), self._level_alpha, self._level_spread)
+        spread = envelope(
+            level_spread(level),
+            0.5 ** (0.25 / self.params.level_halflife_steps),
+            self._level_spread,
+        )
         age = self._level_steps + np.cumsum(live)
         if len(level):
             self._level = level[-1].copy()

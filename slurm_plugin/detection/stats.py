@@ -69,6 +69,18 @@ def ewma(values: F64, alpha: float, start: float) -> F64:
     return out
 
 
+def envelope(values: F64, decay: float, start: float) -> F64:
+    """The running upper envelope of a series: each value or the previous envelope times
+    ``decay``, whichever is larger, from ``start`` (NaN: none yet). NaN inputs only decay."""
+    out = np.empty_like(values)
+    state = start if np.isfinite(start) else 0.0
+    for i, value in enumerate(values.tolist()):
+        state *= decay
+        state = max(state, value)
+        out[i] = state
+    return out
+
+
 def ewma_columns(values: F64, alpha: float, start: F64) -> F64:
     """:func:`ewma` of every column (rows x columns) from ``start`` (per column; NaN: take
     the column's first finite value). NaN inputs keep the previous value."""
