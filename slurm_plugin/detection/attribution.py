@@ -3,6 +3,7 @@ job's step time its ranks cost."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from statistics import NormalDist
 
@@ -117,7 +118,34 @@ def stand_out(
     return round(float((own.mean() - med) / spread), 2), bar
 
 
-def level_spread(level: F64) -> F64:
-    """Per row, the rank-to-rank spread of the ranks' levels (1.4826 x MAD; NaN: none)."""
-    med = row_median(level)
-    return row_median(np.abs(level - med[:, None])) * MAD_TO_SIGMA
+def level_spread(level: F64, order: np.ndarray, starts: np.ndarray) -> F64:
+    """Per row, the rank-to-rank spread of the ranks' levels within a node (1.4826 x MAD
+    around the node's median), the median over the nodes of two or more ranks; the spread
+    across all ranks when there are none (NaN: no levels). Within nodes, so that whole slow
+    nodes (half the ranks of a two-node job) never widen it: the spread of how healthy
+    ranks differ, not of how far the stragglers are."""
+    rows = level.shape[0]
+    ordered = level[:, order]
+    bounds = np.r_[starts, level.shape[1]].astype(int)
+    sizes = np.diff(bounds)
+    if rows and len(sizes) and sizes[0] >= 2 and (sizes == sizes[0]).all():
+        # Nodes of equal size (the usual): one vectorised median per row and node.
+        grid = ordered.reshape(rows, len(sizes), int(sizes[0]))
+        with np.errstate(invalid="ignore"):
+            med = np.median(grid, axis=2, keepdims=True)
+            mad = np.median(np.abs(grid - med), axis=2) * MAD_TO_SIGMA
+        return row_median(mad)
+    spreads = [
+        _mad(ordered[:, lo:hi])
+        for lo, hi in itertools.pairwise(bounds)
+        if hi - lo >= 2
+    ]
+    if not spreads or not rows:
+        return _mad(level)
+    return row_median(np.stack(spreads, axis=1))
+
+
+def _mad(values: F64) -> F64:
+    """Per row, 1.4826 x the median absolute deviation from the row's median."""
+    med = row_median(values)
+    return row_median(np.abs(values - med[:, None])) * MAD_TO_SIGMA

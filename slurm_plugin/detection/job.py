@@ -289,14 +289,14 @@ class JobDetector:
     def _levels(self, excess_c: F64, live: np.ndarray) -> tuple[F64, F64, F64]:
         """Per row and rank, each rank's level (its relative excess compute over the live
         rows, smoothed over ``level_halflife_steps``), and per row the widest spread of
-        levels the job has shown, fading over four of those half-lives
+        levels within its nodes the job has shown, fading over four of those half-lives
         (:func:`attribution.stand_out` compares with them: a spread that happens to be
         tight among few ranks never makes a drifting rank look like a fault)."""
         level = ewma_columns(
             np.where(live[:, None], excess_c, np.nan), self._level_alpha, self._level
         )
         spread = envelope(
-            level_spread(level),
+            level_spread(level, self._order, self._node_starts),
             0.5 ** (0.25 / self.params.level_halflife_steps),
             self._level_spread,
         )

@@ -108,3 +108,18 @@ def test_the_bar_grows_with_ranks_and_widens_for_few() -> None:
     assert tight is not None
     assert floored is not None
     assert tight > 10 > floored
+
+
+def test_a_whole_slow_node_of_a_two_node_job_stands_out() -> None:
+    """Half the ranks slow (a whole node of a two-node job, +90 % from the first step): the
+    spread of levels is taken within nodes, so the slow half never widens it, and the node
+    clears its bar from its first reports (it blended in, and its node was never marked)."""
+    slow = {rank: step_change(0.9, 0) for rank in range(8, 16)}
+    spec = JobSpec("8", 16, 600, compute_s=1.0, noise=0.02, seed=5, compute_slow=slow)
+    det = Detector()
+    det.add(spec.job_id, generate(spec))
+    reports = [e for e in det.advance(final=True) if isinstance(e, StragglerEvent)]
+    assert reports
+    assert all(e.node == "n0001" for e in reports)
+    assert all(not blends_in(e) for e in reports), [(e.step, e.level_z) for e in reports]
+    assert is_slowdown(reports[0], EVICT)
