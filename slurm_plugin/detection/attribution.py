@@ -135,11 +135,7 @@ def level_spread(level: F64, order: np.ndarray, starts: np.ndarray) -> F64:
             med = np.median(grid, axis=2, keepdims=True)
             mad = np.median(np.abs(grid - med), axis=2) * MAD_TO_SIGMA
         return row_median(mad)
-    spreads = [
-        _mad(ordered[:, lo:hi])
-        for lo, hi in itertools.pairwise(bounds)
-        if hi - lo >= 2
-    ]
+    spreads = [_mad(ordered[:, lo:hi]) for lo, hi in itertools.pairwise(bounds) if hi - lo >= 2]
     if not spreads or not rows:
         return _mad(level)
     return row_median(np.stack(spreads, axis=1))

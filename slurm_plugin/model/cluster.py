@@ -13,6 +13,9 @@ MAX_RANKS_PER_NODE = 1024
 #: an admin reads one of OTHERS_HOLDS (squeue says JobHeldUser for every one of them).
 REQUEUE_HELD = "job_requeued_in_held_state"
 OTHERS_HOLDS = frozenset({"JobHeldUser", "JobHeldAdmin"})
+#: The hold reason when ``scontrol -o show job`` gives more than one (the job's own name,
+#: comment or submit line holds ``Reason=...``): never taken for ours.
+HOLD_UNCLEAR = "(unclear: the job's own text names a hold reason too)"
 
 
 @dataclass(frozen=True)

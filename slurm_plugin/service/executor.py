@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from slurm_plugin.errors import CommandTimeoutError, JobNotFoundError, SlurmError
-from slurm_plugin.model.cluster import OTHERS_HOLDS, JobInfo
+from slurm_plugin.model.cluster import HOLD_UNCLEAR, OTHERS_HOLDS, JobInfo
 from slurm_plugin.service.identity import Known, describe, fields_of, same_job
 from slurm_plugin.service.node_actions import NodeActions
 from slurm_plugin.service.state import ServiceState
@@ -355,6 +355,11 @@ class Executor:
         release of ours, one that timed out included); None when our requeuehold holds it
         (or Slurm names no other's hold). :class:`SlurmError` when Slurm does not answer."""
         reason = self.slurm.hold_reason(job_id)
+        if reason == HOLD_UNCLEAR:
+            return (
+                "its hold cannot be told ours (the job's own name, comment or submit line "
+                "names a hold reason too): not released, left held for its user or an admin"
+            )
         if reason not in OTHERS_HOLDS:
             return None
         return f"held by its user or an admin since ({reason}): not ours to release, left held"

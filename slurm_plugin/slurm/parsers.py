@@ -36,6 +36,17 @@ def parse_scontrol_record(line: str) -> dict[str, str]:
     return record
 
 
+def field_values(line: str, key: str) -> list[str]:
+    """Every value a ``scontrol -o`` line gives ``key``, in order: Slurm's own and any that
+    text of the job (its name, comment, submit line) makes look like one."""
+    values = []
+    for chunk in _FIELD_START.split(line.strip()):
+        name, sep, value = chunk.partition("=")
+        if sep and name == key:
+            values.append(value.strip())
+    return values
+
+
 def expand_hostlist(expr: str) -> list[str]:
     """``node[1-3],gpu7`` -> ``["node1", "node2", "node3", "gpu7"]``; ``(null)``/empty -> []."""
     expr = expr.strip()

@@ -12,10 +12,11 @@ from typing import Protocol
 
 from slurm_plugin.config import Settings
 from slurm_plugin.errors import CommandError, JobNotFoundError, SlurmError
-from slurm_plugin.model.cluster import JobInfo, NodeInfo
+from slurm_plugin.model.cluster import HOLD_UNCLEAR, JobInfo, NodeInfo
 from slurm_plugin.model.keys import check_job_id, check_node
 from slurm_plugin.slurm.parsers import (
     collect_hostlist,
+    field_values,
     parse_scontrol_record,
     parse_sinfo_json,
     parse_squeue_json,
@@ -46,7 +47,8 @@ class Scheduler(Protocol):
     def hold_reason(self, job_id: str) -> str:
         """Why Slurm holds the job, as ``scontrol show job`` says: our requeuehold reads
         ``job_requeued_in_held_state``, a hold by its user or an admin ``JobHeldUser`` or
-        ``JobHeldAdmin`` (squeue says JobHeldUser for all of them)."""
+        ``JobHeldAdmin`` (squeue says JobHeldUser for all of them); ``HOLD_UNCLEAR`` when
+        the job's own text names a reason too (never taken for ours)."""
         ...
 
     def set_excluded(self, job_id: str, nodes: Sequence[str]) -> None:
@@ -130,7 +132,13 @@ class ScontrolScheduler:
 
     def hold_reason(self, job_id: str) -> str:
         text = self._run("scontrol", "-o", "show", "job", check_job_id(job_id))
-        return parse_scontrol_record(text).get("Reason", "")
+        parse_scontrol_record(text)  # a line that is no record at all is an error
+        # The text cannot be split unambiguously: a job whose comment says `Reason=x` reads
+        # as two reasons. Only one reason, all occurrences alike, is believed.
+        reasons = set(field_values(text, "Reason"))
+        if len(reasons) > 1:
+            return HOLD_UNCLEAR
+        return reasons.pop() if reasons else ""
 
     def set_excluded(self, job_id: str, nodes: Sequence[str]) -> None:
         value = collect_hostlist([check_node(n) for n in nodes])

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from slurm_plugin.errors import CommandTimeoutError, SlurmError
-from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.model.cluster import HOLD_UNCLEAR, JobInfo
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
@@ -255,6 +255,29 @@ def test_a_release_that_landed_never_lifts_the_hold_its_user_put_after(
     decision = state.decision("d-00000000cafe")
     assert decision["state"] == "verified", decision
     assert "not ours to release" in decision["verified"]
+
+
+def test_a_hold_whose_reason_the_jobs_own_text_blurs_is_never_released(
+    setup: tuple[Executor, Flaky, ServiceState, FakeClock],
+) -> None:
+    """Issue 38, item 1: after our release landed an admin held the job, whose comment says
+    `Reason=job_requeued_in_held_state`: Slurm's line names two reasons (the scheduler reads
+    HOLD_UNCLEAR). The retries never release it and say why."""
+    executor, slurm, state, clock = setup
+    slurm.job_table["45"] = replace(running_job(clock, "45"), submit_time=clock() - 100)
+    slurm.effect["release"] = "lands"
+    assert executor.evict("d-00000000f00d", slurm.job_table["45"], "node3") == "pending"
+    slurm.job_table["45"] = replace(
+        slurm.job_table["45"], state="PENDING", reason=HOLD_UNCLEAR, priority=0, nodes=()
+    )
+    before = len(slurm.calls)
+    for _ in range(3):
+        executor.recover()
+        clock.advance(10)
+    assert ("release", "45") not in slurm.calls[before:]
+    assert slurm.job_table["45"].held
+    decision = state.decision("d-00000000f00d")
+    assert "cannot be told ours" in str(decision), decision
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 from slurm_plugin.config import Settings
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.errors import JobNotFoundError, StragglerError
-from slurm_plugin.model.cluster import REQUEUE_HELD
+from slurm_plugin.model.cluster import HOLD_UNCLEAR, REQUEUE_HELD
 from slurm_plugin.slurm.scheduler import Scheduler, ScontrolScheduler
 from tests.integration.conftest import Slurm, wait_for
 
@@ -123,7 +123,8 @@ def test_a_hold_of_its_user_or_an_admin_is_told_from_ours(
     scheduler: Scheduler, slurm: Slurm, job_dir: Path
 ) -> None:
     """After our release a new hold is someone else's: scontrol names it so (the executor
-    never releases it, whatever its own retries think)."""
+    never releases it, whatever its own retries think), also when the job's comment names
+    our hold's reason."""
     job = slurm.sbatch("-N1", "--requeue", f"--output={job_dir / 'j.log'}", "--wrap", "sleep 60")
     slurm.wait_job(job, "RUNNING")
     scheduler.requeue_hold(job)
@@ -135,3 +136,7 @@ def test_a_hold_of_its_user_or_an_admin_is_told_from_ours(
     slurm.run("scontrol", "hold", job)
     assert scheduler.hold_reason(job) == "JobHeldAdmin"
     assert scheduler.job(job).held
+    # Issue 38, item 1: the job's comment says our requeuehold's reason after Slurm's own
+    # (the last field wins a naive parse): the admin's hold is unclear, never ours.
+    slurm.run("scontrol", "update", f"JobId={job}", "Comment=ckpt Reason=" + REQUEUE_HELD)
+    assert scheduler.hold_reason(job) == HOLD_UNCLEAR

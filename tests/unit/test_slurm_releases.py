@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from slurm_plugin.config import Settings
 from slurm_plugin.errors import CommandError, JobNotFoundError, SlurmError
-from slurm_plugin.model.cluster import JobInfo
+from slurm_plugin.model.cluster import HOLD_UNCLEAR, JobInfo
 from slurm_plugin.slurm.parsers import parse_sinfo_json, parse_squeue_json
 from slurm_plugin.slurm.release import SlurmRelease, parse_version
 from slurm_plugin.slurm.runner import CommandResult
@@ -195,6 +195,36 @@ def test_submit_line_and_comment_cannot_forge_state(release: str) -> None:
     assert (seen.state, seen.held, seen.restarts, seen.nodes) == ("PENDING", True, 1, ())
     assert seen.excluded == ()
     assert seen.comment == f"note{hostile}"
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_comment_cannot_make_a_hold_ours(release: str) -> None:
+    """Issue 38, item 1: an admin holds a job whose comment (after Reason= in the line) or
+    name (before it) says `Reason=job_requeued_in_held_state`; read naively, the last (or
+    first) wins and the admin's hold reads as our requeuehold, which the executor releases.
+    Two reasons in one line are unclear, never ours; one reason, however often, is itself."""
+    document, line = _held(release)
+    admin = line.replace("Reason=job_requeued_in_held_state", "Reason=JobHeldAdmin", 1)
+    assert "Reason=JobHeldAdmin" in admin
+    ours = "Reason=job_requeued_in_held_state"
+    by_comment = re.sub(r"Comment=\S*", lambda _: f"Comment=ckpt {ours}", admin, count=1)
+    by_name = admin.replace("JobName=", f"JobName=x {ours} Original=", 1)
+    job_id = str(document["jobs"][0]["job_id"])
+    for forged in (by_comment, by_name):
+        assert forged.count("Reason=") == 2
+        scheduler = ScontrolScheduler(Settings(), runner=CannedSlurm(release, document, forged))
+        assert scheduler.hold_reason(job_id) == HOLD_UNCLEAR
+    plain = ScontrolScheduler(Settings(), runner=CannedSlurm(release, document, admin))
+    assert plain.hold_reason(job_id) == "JobHeldAdmin"
+    echoed = re.sub(r"Comment=\S*", lambda _: "Comment=Reason=JobHeldAdmin", admin, count=1)
+    same = ScontrolScheduler(Settings(), runner=CannedSlurm(release, document, echoed))
+    assert same.hold_reason(job_id) == "JobHeldAdmin"
+    assert (
+        ScontrolScheduler(Settings(), runner=CannedSlurm(release, document, line)).hold_reason(
+            job_id
+        )
+        == "job_requeued_in_held_state"
+    )
 
 
 def test_real_submit_line_injection_of_26_05() -> None:
