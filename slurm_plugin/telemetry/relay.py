@@ -8,9 +8,12 @@ one pipeline, then answers each flush. Redis sees one client per node, and the s
 stream entry per node and tick.
 
 What a rank can claim is bounded by what the kernel says of it: the relay reads the sending
-process's id from the socket (``SO_PEERCRED``) and refuses a flush for any job but the one that
-process runs in (Slurm's cgroup ``job_N``, else its ``SLURM_JOB_ID``); the node of every
-flush is the relay's own. A reporter that cannot reach a relay publishes to Redis itself.
+process's id and user from the socket (``SO_PEERCRED``) and refuses a flush for any job but the
+one that process runs in (Slurm's cgroup ``job_N``, else its ``SLURM_JOB_ID``), and, root's
+processes aside, from any user but the job's (as the prolog registered it: a process can set
+``SLURM_JOB_ID`` to any job where Slurm's cgroup plugin is absent); the node of every flush is
+the relay's own. A reporter that cannot reach a relay, or is refused, publishes to Redis
+itself (with its own job's credential).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
+import pwd
 import re
 import secrets
 import socket
@@ -30,12 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
 import structlog
 
 from slurm_plugin.errors import RedisUnavailableError, StragglerError, TelemetryError
 from slurm_plugin.model import keys
 from slurm_plugin.model.records import FlushHeader, check_steps, encode_json_entry, flush_id
 from slurm_plugin.model.relayed import encode_relayed
+from slurm_plugin.store import registration
 from slurm_plugin.store.telemetry_store import TelemetryStore
 
 log = structlog.get_logger(__name__)
@@ -49,6 +56,8 @@ MAX_CONNECTIONS = 512
 #: How long a flush waits for the tick that stores it; a reporter waits longer for the answer.
 ANSWER_WAIT_S = 10.0
 _STORED_KEEP_S = 600.0
+#: How long a job's registered user is remembered (it never changes while the job lives).
+_OWNER_KEEP_S = 60.0
 _CGROUP_JOB = re.compile(r"/job_([0-9]+)(?:/|$)")
 
 
@@ -67,11 +76,20 @@ def job_of_process(pid: int, proc: Path = Path("/proc")) -> str | None:
     return None
 
 
-def peer_pid(conn: socket.socket) -> int:
-    """The process id of a Unix socket's peer, as the kernel recorded it at connect time."""
+def peer_credentials(conn: socket.socket) -> tuple[int, int]:
+    """The process id and user id of a Unix socket's peer, as the kernel recorded them at
+    connect time."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, _uid, _gid = struct.unpack("3i", creds)
-    return int(pid)
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return int(pid), int(uid)
+
+
+def user_name(uid: int) -> str | None:
+    """The name of a user id (None: no such user)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
 
 
 @dataclass
@@ -144,12 +162,17 @@ class Relay:
         *,
         tick_s: float = 1.0,
         job_of: Callable[[int], str | None] = job_of_process,
+        owner_of: Callable[[str], str | None] | None = None,
+        name_of: Callable[[int], str | None] = user_name,
     ) -> None:
         self.store = store
         self.node = keys.check_node(node)
         self.socket_path = socket_path
         self.tick_s = tick_s
         self._job_of = job_of
+        self._owner_of = owner_of or self._registered_user
+        self._name_of = name_of
+        self._owners: dict[str, tuple[str | None, float]] = {}
         self._queue: list[_Flush] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -243,9 +266,10 @@ class Relay:
     def _converse(self, conn: socket.socket, reader: Any) -> None:
         """Answer one reporter's flushes until it hangs up (or we stop)."""
         try:
-            job = self._job_of(peer_pid(conn))
+            pid, uid = peer_credentials(conn)
+            job = self._job_of(pid)
         except OSError:
-            job = None
+            job, uid = None, -1
         while not self._stop.is_set():
             try:
                 line = reader.readline(MAX_MESSAGE_BYTES + 1)
@@ -253,13 +277,13 @@ class Relay:
                 return
             if not line or self._stop.is_set():
                 return
-            reply = self._handle(line, job)
+            reply = self._handle(line, job, uid)
             try:
                 conn.sendall(json.dumps(reply).encode() + b"\n")
             except OSError:
                 return
 
-    def _handle(self, line: bytes, peer_job: str | None) -> dict[str, Any]:
+    def _handle(self, line: bytes, peer_job: str | None, uid: int) -> dict[str, Any]:
         if len(line) > MAX_MESSAGE_BYTES:
             return self._refuse(f"message over {MAX_MESSAGE_BYTES} bytes", peer_job)
         try:
@@ -270,6 +294,9 @@ class Relay:
             return self._refuse(
                 f"this process runs in job {peer_job or 'none'}, not {flush.job_id}", peer_job
             )
+        not_its_user = self._not_its_user(flush.job_id, uid)
+        if not_its_user is not None:
+            return self._refuse(not_its_user, peer_job)
         if flush.invalid_events:
             self.invalid_events += flush.invalid_events
             log.warning(
@@ -285,6 +312,37 @@ class Relay:
         if not flush.done.wait(self.tick_s + ANSWER_WAIT_S):
             return {"ok": False, "error": "relay busy: flush not stored in time"}
         return _reply(flush)
+
+    def _not_its_user(self, job_id: str, uid: int) -> str | None:
+        """Why a process of ``uid`` may not publish for ``job_id`` (None: it may): root's may;
+        any other user's only when it is the user the job was registered with."""
+        if uid == 0:
+            return None
+        now = time.monotonic()
+        owner, at = self._owners.get(job_id, (None, -math.inf))
+        if now - at > _OWNER_KEEP_S:
+            try:
+                owner = self._owner_of(job_id)
+            except (StragglerError, OSError) as exc:
+                return f"cannot tell who runs job {job_id}: {exc}"
+            if owner:
+                self._owners[job_id] = (owner, now)
+        name = self._name_of(uid) if uid >= 0 else None
+        if owner and name == owner:
+            return None
+        return (
+            f"a process of {name or f'uid {uid}'} may not publish for job {job_id} "
+            f"(its user: {owner or 'unknown, no registration of the job'})"
+        )
+
+    def _registered_user(self, job_id: str) -> str | None:
+        """The job's user as its prolog registered it (None: not registered)."""
+        try:
+            user = self.store.client.hget(keys.job_meta(job_id), registration.USER)
+        except redis.RedisError as exc:
+            raise RedisUnavailableError(f"registration of job {job_id}: {exc}") from exc
+        text = user.decode(errors="replace") if isinstance(user, bytes) else user
+        return str(text) if text else None
 
     def _refuse(self, why: str, peer_job: str | None) -> dict[str, Any]:
         self.refused += 1

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +21,7 @@ from slurm_plugin import StepReporter
 from slurm_plugin.errors import RedisUnavailableError
 from slurm_plugin.model import keys
 from slurm_plugin.model.records import StepRecord, encode_steps
+from slurm_plugin.store import registration
 from slurm_plugin.store.telemetry_store import Seen, TelemetryStore, connect
 from slurm_plugin.telemetry import outlet as outlet_module
 from slurm_plugin.telemetry import relay as relay_module
@@ -311,8 +315,8 @@ def test_a_nan_event_is_refused_and_the_relay_publishes_on(
     relay = relays[0]
     poisoned = _message(JOB, 1, 0, [{"name": "eval", "loss": float("nan")}, {"name": "ok"}])
     assert b"NaN" in poisoned  # what a client's json.dumps writes by default
-    assert relay._handle(poisoned, JOB) == {"ok": True, "invalid_events": 1}
-    assert relay._handle(_message("4243", 2, 1, []), "4243") == {"ok": True, "invalid_events": 0}
+    assert relay._handle(poisoned, JOB, 0) == {"ok": True, "invalid_events": 1}
+    assert relay._handle(_message("4243", 2, 1, []), "4243", 0) == {"ok": True, "invalid_events": 0}
     assert all(thread.is_alive() for thread in relay._threads)
     assert relay.invalid_events == 1
     store = TelemetryStore(connect(private_redis.url))
@@ -336,10 +340,73 @@ def test_a_relay_that_cannot_publish_a_job_refuses_it_and_serves_the_others(
         return real(job_id, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(relay.store, "publish", publish)
-    answer = relay._handle(_message("666", 0, 0, []), "666")
+    answer = relay._handle(_message("666", 0, 0, []), "666", 0)
     assert answer["refused"] is True, answer
     assert "a bug in packing" in answer["error"], answer
-    assert relay._handle(_message(JOB, 1, 5, []), JOB)["ok"] is True
+    assert relay._handle(_message(JOB, 1, 5, []), JOB, 0)["ok"] is True
     assert all(thread.is_alive() for thread in relay._threads)
     records, _, _ = _read_all(TelemetryStore(connect(private_redis.url)))
     assert [(r.rank, r.step) for r in records] == [(1, 5)]
+
+
+_SENDER = """
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(sys.stdin.buffer.read())
+print(s.makefile("rb").readline().decode().strip())
+"""
+
+
+def _send_as(uid: int, sock: Path, job: str) -> dict[str, object]:
+    """One flush for ``job`` from a process of user ``uid`` whose environment says it runs in
+    ``job`` (no Slurm cgroup here): the relay's answer."""
+    message = {
+        "job_id": job,
+        "steps": [encode_steps(0, "claimed", 0, 0, [(1, time.time(), 0.1, 0.08, 0.01, 0.01)])],
+        "events": [],
+    }
+    proc = subprocess.run(
+        ["/usr/bin/python3", "-c", _SENDER, str(sock)],
+        input=(json.dumps(message) + "\n").encode(),
+        capture_output=True,
+        env={"SLURM_JOB_ID": job, "PATH": "/usr/bin:/bin"},
+        user=uid,
+        timeout=30,
+        check=True,
+        cwd="/",
+    )
+    answer: dict[str, object] = json.loads(proc.stdout)
+    return answer
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs a sender as another user (root only)")
+def test_a_process_of_another_user_cannot_publish_as_a_job(private_redis: RedisServer) -> None:
+    """Issue 38, item 5: without Slurm's cgroup plugin a process's job is its SLURM_JOB_ID,
+    which any process sets. A process of `nobody` claiming root's job 901 is refused (it is
+    not the user the prolog registered); one of `nobody` in a job registered as nobody's, and
+    one of root, are served; a job nobody registered is served only to root."""
+    nobody = pwd.getpwnam("nobody").pw_uid
+    client = redis.Redis.from_url(private_redis.url)
+    registration.register(client, "901", registration.Registration(user="root"))
+    registration.register(client, "902", registration.Registration(user="nobody"))
+    shared = Path(tempfile.mkdtemp(prefix="relay-"))  # a directory every user can traverse
+    shared.chmod(0o755)
+    relay = Relay(TelemetryStore(connect(private_redis.url)), "node1", shared / "relay.sock")
+    relay.start()
+    try:
+        refused = _send_as(nobody, relay.socket_path, "901")
+        assert refused["ok"] is False
+        assert refused.get("refused") is True
+        assert "may not publish for job 901 (its user: root)" in str(refused["error"])
+        assert _send_as(nobody, relay.socket_path, "902")["ok"] is True
+        assert _send_as(0, relay.socket_path, "901")["ok"] is True
+        unknown = _send_as(nobody, relay.socket_path, "903")
+        assert unknown["ok"] is False
+        assert "no registration" in str(unknown["error"])
+        assert _send_as(0, relay.socket_path, "903")["ok"] is True
+    finally:
+        relay.close()
+        shutil.rmtree(shared, ignore_errors=True)
+    assert relay.refused == 2
+    assert relay.flushes == 3
