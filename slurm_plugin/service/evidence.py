@@ -2,8 +2,9 @@
 
 A job's user controls what its ranks publish. So records only count when they fit what Slurm
 says about the job: the node is one of the job's nodes, the rank is below the job's nodes x
-``MAX_RANKS_PER_NODE``, the attempt is not in the future, and a rank stays on the node it was
-first seen on within an attempt. Everything else is dropped and
+``MAX_RANKS_PER_NODE``, the attempt is not in the future, a record of Slurm's current attempt
+is not stamped before that attempt started (a reused job id's leftovers), and a rank stays on
+the node it was first seen on within an attempt. Everything else is dropped and
 counted by reason. Hardware evidence (sidecar GPU samples, the prolog's findings) is outside the
 job's control and is attached to every straggler decision.
 """
@@ -38,6 +39,9 @@ SLOWING_THROTTLES = frozenset(
 )
 #: A GPU running below this share of its max SM clock under load is evidence.
 LOW_CLOCK_SHARE = 0.7
+#: A record of the job's current attempt stamped this long before Slurm says the attempt
+#: started is not this run's (nodes' clocks and Slurm's may differ by a few seconds).
+START_SLACK_S = 30.0
 
 
 def _ranks_allowed(job: JobInfo) -> int:
@@ -63,6 +67,15 @@ class _JobView:
         return bool((first[rank] == node_code).all())
 
 
+def _before_start(job: JobInfo, attempt: np.ndarray, ts: np.ndarray | None) -> np.ndarray:
+    """Records of Slurm's current attempt stamped before it started (``START_SLACK_S``
+    allowed): a reused job id's leftover telemetry, of a job the service never saw end."""
+    if ts is None or job.start_time is None or not math.isfinite(job.start_time):
+        return np.zeros(len(attempt), dtype=bool)
+    early: np.ndarray = (attempt == job.restarts) & (ts < job.start_time - START_SLACK_S)
+    return early
+
+
 @dataclass
 class EvidenceFilter:
     """Keeps, per running job, the rank -> node binding of its current attempt."""
@@ -76,18 +89,22 @@ class EvidenceFilter:
         node_code: np.ndarray,
         nodes: Sequence[str],
         attempt: np.ndarray,
+        ts: np.ndarray | None = None,
     ) -> tuple[np.ndarray, Counter[str]]:
-        """Per record, in stream order (arrays; a record's node is ``nodes[node_code]``):
-        believe it or not; those not believed are counted by reason."""
+        """Per record, in stream order (arrays; a record's node is ``nodes[node_code]``, its
+        time ``ts``: None, not judged by time): believe it or not; those not believed are
+        counted by reason."""
         view = self._jobs.setdefault(job.job_id, _JobView())
-        if self._as_expected(view, job, rank, node_code, nodes, attempt):
+        early = _before_start(job, attempt, ts)
+        if not early.any() and self._as_expected(view, job, rank, node_code, nodes, attempt):
             return np.ones(len(rank), dtype=bool), Counter()
         job_nodes = set(job.nodes)
         allowed = np.array([n in job_nodes for n in nodes], dtype=bool)
         foreign = ~allowed[node_code] if len(nodes) else np.zeros(len(rank), dtype=bool)
         out_of_range = ~foreign & (rank >= _ranks_allowed(job))
         future = ~foreign & ~out_of_range & (attempt > job.restarts)
-        keep = ~foreign & ~out_of_range & ~future
+        early &= ~foreign & ~out_of_range & ~future
+        keep = ~foreign & ~out_of_range & ~future & ~early
         moved = np.zeros(len(rank), dtype=bool)
         rows = np.flatnonzero(keep)
         # The attempt in force at each record: the highest seen so far (a record of an older
@@ -104,6 +121,7 @@ class EvidenceFilter:
             ("foreign_node", foreign),
             ("rank_out_of_range", out_of_range),
             ("future_attempt", future),
+            ("before_start", early),
             ("rank_moved", moved),
         ):
             if mask.any():

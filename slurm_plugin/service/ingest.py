@@ -197,7 +197,7 @@ class Ingest:
         """The evidence rules over the job's decoded records; the believed go to ``detector``."""
         batch = decoded.batch
         keep, dropped = self.evidence.judge(
-            job, batch.rank, decoded.node_code, decoded.nodes, batch.attempt
+            job, batch.rank, decoded.node_code, decoded.nodes, batch.attempt, batch.ts
         )
         kept = batch if keep.all() else batch.take(keep)  # the batch is the job's own copy
         if dropped:

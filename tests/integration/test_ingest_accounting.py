@@ -4,6 +4,7 @@ counted (never lost silently), a backlog is read whole, and a flush stored twice
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, cast
 
 import redis
@@ -24,9 +25,10 @@ from tests.integration.test_control_loop import running_job
 
 def _publish(store: TelemetryStore, job: JobInfo, first: int, entries: int, maxlen: int) -> None:
     """``entries`` flushes of one step each from rank 0 on node1, the stream capped at about
-    ``maxlen`` (Redis trims whole stream nodes of 100 entries)."""
+    ``maxlen`` (Redis trims whole stream nodes of 100 entries), stamped from the job's start."""
+    start = job.start_time or 0.0
     batches = [
-        encode_steps(0, "node1", 0, 0, [(step, 1e9 + step, 0.1, 0.08, 0.01, 0.01)])
+        encode_steps(0, "node1", 0, 0, [(step, start + step, 0.1, 0.08, 0.01, 0.01)])
         for step in range(first, first + entries)
     ]
     store.publish(job.job_id, batches, steps_maxlen=maxlen)
@@ -142,7 +144,8 @@ def test_a_flush_redis_stored_before_the_client_gave_up_is_read_once(
 
     state = ServiceState(redis.Redis.from_url(url, decode_responses=True))
     ingest = Ingest(state, TelemetryStore(admin), Metrics())
-    kept, _ = ingest.steps(running_job(FakeClock()), Detector())
+    # The reporter stamped its steps with the real clock: the job started before them.
+    kept, _ = ingest.steps(running_job(FakeClock(time.time())), Detector())
     assert kept.records == 100
     assert int(state.job("5")["steps_repeats"]) >= 1
     exported = sorted(r.step for r in TelemetryStore(admin).iter_steps("5"))

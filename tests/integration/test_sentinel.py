@@ -86,7 +86,9 @@ def test_ranks_publish_through_a_failover_and_the_loss_is_counted(
     state = ServiceState(connect(url, decode=True, retries=0, timeout_s=0.5))
     ingest = Ingest(state, TelemetryStore(connect(url, retries=0, timeout_s=0.5)), Metrics())
     seen = _Seen()
-    job = running_job(FakeClock(), job_id="77", nodes=tuple(f"node{r + 1}" for r in range(RANKS)))
+    # Its ranks stamp their steps with the real clock: the job started before them.
+    nodes = tuple(f"node{r + 1}" for r in range(RANKS))
+    job = running_job(FakeClock(time.time()), job_id="77", nodes=nodes)
     done, step = threading.Event(), [0]
 
     def publish() -> None:

@@ -203,3 +203,30 @@ def test_the_common_cycle_is_judged_as_the_rules_do() -> None:
         first,
     ):
         assert _filter(evidence, JOB, records) == _reference(state, JOB, records)
+
+
+def test_a_reused_job_ids_leftover_steps_are_not_this_runs() -> None:
+    """Issue 38, item 6: the service never saw job 7's earlier holder (it was down), whose
+    slow-node steps are still in the stream; the new job 7 (Slurm's attempt 1, started at
+    t=1000) must not be evicted on them. Records of its current attempt stamped over 30 s
+    before that start are dropped as `before_start`; its own (and a node clock a few seconds
+    behind) are kept, as are records of an older attempt (judged as they always were)."""
+    job = replace(JOB, start_time=1000.0)
+    times = np.array([10.0, 500.0, 975.0, 1000.0, 1200.0, 400.0])
+    attempts = np.array([1, 1, 1, 1, 1, 0])
+    keep, dropped = EvidenceFilter().judge(
+        job,
+        np.array([0, 1, 0, 1, 0, 1]),
+        np.zeros(6, dtype=np.int64),
+        ["node1"],
+        attempts,
+        times,
+    )
+    assert keep.tolist() == [False, False, True, True, True, True]
+    assert dropped == Counter({"before_start": 2})
+    # A job whose start Slurm did not give is judged as before (nothing is dropped by time).
+    keep, dropped = EvidenceFilter().judge(
+        JOB, np.array([0]), np.zeros(1, dtype=np.int64), ["node1"], np.array([1]), times[:1]
+    )
+    assert keep.tolist() == [True]
+    assert not dropped
