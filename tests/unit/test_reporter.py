@@ -14,6 +14,7 @@ from slurm_plugin.errors import RedisUnavailableError
 from slurm_plugin.model.columns import decode_entries
 from slurm_plugin.store.telemetry_store import TelemetryStore
 from slurm_plugin.telemetry import reporter as reporter_module
+from slurm_plugin.telemetry.job_env import rank_env
 from slurm_plugin.testing import FakeStore
 
 
@@ -85,6 +86,33 @@ def test_valid_environment_enables_the_reporter(monkeypatch: pytest.MonkeyPatch)
         )
     finally:
         rep.close(timeout_s=1)
+
+
+def test_workers_of_srun_torchrun_keep_their_own_ranks() -> None:
+    """Issue 38, item 7: under `srun torchrun` the four workers of a node inherit their srun
+    task's SLURM_PROCID=1 and SLURM_LOCALID=0; read first, they reported as one rank on GPU
+    0 (every step twice). torchrun's workers (TORCHELASTIC_RUN_ID) are told apart by torch's
+    RANK, LOCAL_RANK and WORLD_SIZE; a plain srun task keeps Slurm's (a stale RANK in its
+    environment changes nothing)."""
+    task = {"SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2"}
+    workers = [
+        rank_env(
+            {
+                **task,
+                "TORCHELASTIC_RUN_ID": "777",
+                "RANK": str(4 + w),
+                "LOCAL_RANK": str(w),
+                "WORLD_SIZE": "8",
+            }
+        )
+        for w in range(4)
+    ]
+    assert [(e.rank, e.gpu, e.world) for e in workers] == [(4 + w, w, 8) for w in range(4)]
+    plain = rank_env({**task, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+    assert (plain.rank, plain.gpu, plain.world) == (1, 0, 2)
+    # torchrun outside Slurm: torch's variables alone.
+    alone = rank_env({"TORCHELASTIC_RUN_ID": "x", "RANK": "3", "LOCAL_RANK": "3"})
+    assert (alone.rank, alone.gpu) == (3, 3)
 
 
 def test_unknown_phase_is_a_programming_error() -> None:
