@@ -10,7 +10,7 @@ from statistics import NormalDist
 import numpy as np
 
 from slurm_plugin.detection.params import F64
-from slurm_plugin.detection.stats import MAD_TO_SIGMA, row_median
+from slurm_plugin.detection.stats import MAD_TO_SIGMA, row_mad, row_median
 
 #: Fewest other ranks with a level to compare with (fewer: no bar, the event says None).
 MIN_REFERENCE_RANKS = 4
@@ -83,26 +83,26 @@ def run_start(scores: F64, k: float) -> int:
 
 
 def stand_out(
-    level: F64, ranks: list[int], alpha: float, spread_floor: float = 0.0, pooled: float = 1.0
+    levels: F64, ranks: list[int], alpha: float, spread_floor: float = 0.0, pooled: float = 1.0
 ) -> tuple[float | None, float | None]:
-    """How far the flagged ``ranks``' level (their mean over ``level``, each rank's smoothed
+    """How far the flagged ``ranks``' level (their mean of ``levels``, each rank's smoothed
     relative excess compute) stands above the job's other ranks', in units of those ranks'
-    rank-to-rank spread of levels (robust: 1.4826 x MAD, at least ``spread_floor``: the same
-    spread smoothed over the job's steps), and the bar a straggler must clear among this
-    many ranks: the normal quantile ``1 - alpha / ranks`` (the chance that the least
-    favourable healthy rank of the job clears it at one look), widened as Student's t for a
-    spread estimated from few ranks (Cornish-Fisher, a MAD worth 37 % of its ranks, times
-    ``pooled``: how many rows' worth of ranks the smoothed spread has taken in, 1 to 4).
+    rank-to-rank spread of levels (robust: 1.4826 x MAD, at least ``spread_floor``: the
+    widest spread within nodes the job has shown lately), and the bar a straggler must
+    clear among this many ranks: the normal quantile ``1 - alpha / ranks`` (the chance that
+    the least favourable healthy rank of the job clears it at one look), widened as
+    Student's t for a spread estimated from few ranks (Cornish-Fisher, a MAD worth 37 % of
+    its ranks, times ``pooled``: how many rows' worth of ranks the spread has taken in, 1
+    to 4).
 
     Under independent per-step noise the smoothed levels of healthy ranks are tight and a
     slow GPU stands out by far; under slow drift of each rank (thermals, clocks,
     neighbours) they spread as wide as one step's noise, and the slowest of many healthy
     ranks is only the tail of that spread: evicting it swaps in a node whose ranks drift as
     much. (None, None): too few other ranks to tell."""
-    if not len(level) or not ranks:
+    if not len(levels) or not ranks:
         return None, None
-    levels = level.mean(axis=0)
-    flagged = np.zeros(level.shape[1], dtype=bool)
+    flagged = np.zeros(len(levels), dtype=bool)
     flagged[ranks] = True
     ref = levels[~flagged & np.isfinite(levels)]
     own = levels[flagged & np.isfinite(levels)]
@@ -135,13 +135,7 @@ def level_spread(level: F64, order: np.ndarray, starts: np.ndarray) -> F64:
             med = np.median(grid, axis=2, keepdims=True)
             mad = np.median(np.abs(grid - med), axis=2) * MAD_TO_SIGMA
         return row_median(mad)
-    spreads = [_mad(ordered[:, lo:hi]) for lo, hi in itertools.pairwise(bounds) if hi - lo >= 2]
+    spreads = [row_mad(ordered[:, lo:hi]) for lo, hi in itertools.pairwise(bounds) if hi - lo >= 2]
     if not spreads or not rows:
-        return _mad(level)
+        return row_mad(level)
     return row_median(np.stack(spreads, axis=1))
-
-
-def _mad(values: F64) -> F64:
-    """Per row, 1.4826 x the median absolute deviation from the row's median."""
-    med = row_median(values)
-    return row_median(np.abs(values - med[:, None])) * MAD_TO_SIGMA

@@ -42,8 +42,9 @@ class StragglerEvent(_Json):
     #: The share of the job's step time (%) the node costs it: the what-if of the recent
     #: steps without its ranks (None: unknown, nothing to compare with).
     job_loss_pct: float | None = None
-    #: How far the flagged ranks' level over the episode's steps stands above the job's other
-    #: ranks', in their rank-to-rank spread of levels, and the bar a straggler among the
+    #: How far the flagged ranks' level (their excess compute smoothed over
+    #: ``level_halflife_steps``) stands above the job's other ranks', in their rank-to-rank
+    #: spread of levels, and the bar a straggler among the
     #: job's ranks must clear (:func:`slurm_plugin.detection.attribution.stand_out`; None:
     #: too few ranks to tell).
     level_z: float | None = None

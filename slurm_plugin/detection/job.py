@@ -40,6 +40,7 @@ from slurm_plugin.detection.stats import (
     envelope,
     ewma,
     ewma_columns,
+    row_mad,
     row_median,
 )
 from slurm_plugin.detection.structure import Layout, Warmup
@@ -72,8 +73,8 @@ class _Tail:
     comm: F64
     #: Each rank's level: its relative excess compute smoothed over ``level_halflife_steps``.
     level: F64
-    #: Per row, the ranks' spread of levels smoothed over the same half-life, and how many
-    #: half-lives of live steps the levels have seen.
+    #: Per row, the widest spread of levels within nodes the job has shown lately
+    #: (``JobDetector._levels``), and how many half-lives of live steps the levels have seen.
     level_spread: F64
     level_age: F64
     offset: int = 0
@@ -370,8 +371,7 @@ class JobDetector:
         rows = scores.shape[0]
         if scores.shape[1] < 4 or not rows:
             return np.ones(rows)
-        med = row_median(scores)
-        wide = row_median(np.abs(scores - med[:, None])) * MAD_TO_SIGMA
+        wide = row_mad(scores)
         smooth = ewma(wide, self._alpha, self._node_spread)
         if np.isfinite(smooth[-1]):
             self._node_spread = float(smooth[-1])
@@ -529,7 +529,7 @@ class JobDetector:
         )
         level_z, level_bar = (
             stand_out(
-                window.level[at : at + 1],
+                window.level[at],
                 ranks,
                 self.params.outlier_alpha,
                 float(np.nan_to_num(window.level_spread[at])),

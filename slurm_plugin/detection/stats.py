@@ -30,6 +30,13 @@ def row_median(values: F64) -> F64:
     return out
 
 
+def row_mad(values: F64) -> F64:
+    """Per row, 1.4826 x the median absolute deviation from the row's median (a robust
+    standard deviation; NaN ignored, NaN for rows without data)."""
+    med = row_median(values)
+    return row_median(np.abs(values - med[:, None])) * MAD_TO_SIGMA
+
+
 def ewma(values: F64, alpha: float, start: float) -> F64:
     """Exponentially weighted mean of a series, row by row, from ``start`` (NaN: take the
     first finite value). NaN inputs keep the previous value. Vectorised, exact."""

@@ -338,11 +338,10 @@ class Relay:
     def _registered_user(self, job_id: str) -> str | None:
         """The job's user as its prolog registered it (None: not registered)."""
         try:
-            user = self.store.client.hget(keys.job_meta(job_id), registration.USER)
+            user = registration.read(self.store.client, job_id).user
         except redis.RedisError as exc:
             raise RedisUnavailableError(f"registration of job {job_id}: {exc}") from exc
-        text = user.decode(errors="replace") if isinstance(user, bytes) else user
-        return str(text) if text else None
+        return user or None
 
     def _refuse(self, why: str, peer_job: str | None) -> dict[str, Any]:
         self.refused += 1

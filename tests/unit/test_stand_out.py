@@ -85,24 +85,24 @@ def test_the_bar_grows_with_ranks_and_widens_for_few() -> None:
     rng = np.random.default_rng(1)
     bars = []
     for world in (8, 64, 4096):
-        level = 0.01 * rng.standard_normal((1, world))
+        level = 0.01 * rng.standard_normal(world)
         z, bar = stand_out(level, [0], 0.001)
         assert z is not None
         assert bar is not None
         bars.append(bar)
     assert bars[0] > bars[1]  # eight ranks: the spread itself is uncertain
-    _, pooled = stand_out(0.01 * rng.standard_normal((1, 8)), [0], 0.001, pooled=4.0)
+    _, pooled = stand_out(0.01 * rng.standard_normal(8), [0], 0.001, pooled=4.0)
     assert pooled is not None
     assert pooled < bars[0]  # ... less so once the smoothed spread took in many steps
     assert 4.5 < bars[2] < 5.5  # 4,096 ranks: the normal quantile 1 - 0.001 / 4096 ~ 5.0
-    assert stand_out(np.zeros((1, 4)), [0], 0.001) == (None, None)
-    level = np.zeros((1, 16))
-    level[0, 3] = 0.05
+    assert stand_out(np.zeros(4), [0], 0.001) == (None, None)
+    level = np.zeros(16)
+    level[3] = 0.05
     z, _ = stand_out(level, [3], 0.001)
     assert z == math.inf
     # The spread smoothed over the job's steps bounds a lucky tight row from below.
-    level = 0.001 * rng.standard_normal((1, 64))
-    level[0, 7] = 0.03
+    level = 0.001 * rng.standard_normal(64)
+    level[7] = 0.03
     tight, _ = stand_out(level, [7], 0.001)
     floored, _ = stand_out(level, [7], 0.001, spread_floor=0.02)
     assert tight is not None
