@@ -1,9 +1,10 @@
 """Where a rank's flushes go: the node relay while one answers, else Redis itself.
 
 A relay that refuses the process (a flush for a job that is not its own) is not asked again;
-a rank that publishes to Redis itself because no relay answered tries the relay again every
-``retry_s``, so a relay started (or restarted) after the job still takes its ranks over, and
-the job's Redis connections fall back to one per node.
+a rank that publishes to Redis itself because no relay answered, or the relay turned its
+connection away (over its bounds per job and per user), tries the relay again every
+``retry_s``, so a relay started (or restarted, or less busy) after the job still takes its
+ranks over, and the job's Redis connections fall back to one per node.
 """
 
 from __future__ import annotations
@@ -16,7 +17,11 @@ from pathlib import Path
 import structlog
 
 from slurm_plugin.store.telemetry_store import TelemetryStore
-from slurm_plugin.telemetry.relay_client import RelayClient, RelayRefusedError
+from slurm_plugin.telemetry.relay_client import (
+    RelayClient,
+    RelayRefusedError,
+    RelayTurnedAwayError,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -43,7 +48,10 @@ class Outlet:
         self._rank = rank
         self.retry_s = RELAY_RETRY_S if retry_s is None else retry_s
         self.refused = False
+        #: Times the relay turned a connection of ours away (for logs and tests).
+        self.turned_away = 0
         self._relay_tried = -float("inf")
+        self._turned_away_at = -float("inf")
 
     def connect(self) -> Destination:
         """The relay when one answers (and has not refused us), else Redis itself; raises
@@ -72,12 +80,22 @@ class Outlet:
     def failed(self, current: Destination | None, exc: Exception) -> Destination | None:
         """What to keep after a failed publish: a relay connection is dropped (next time:
         the relay again if it is back, else Redis); a relay that refused us is not asked
-        again."""
+        again, one that turned our connection away not for ``retry_s``."""
         if isinstance(exc, RelayRefusedError) and not self.refused:
             self.refused = True
             log.warning(
                 "telemetry.relay_refused", job_id=self._job_id, rank=self._rank, error=str(exc)
             )
+        if isinstance(exc, RelayTurnedAwayError):
+            if self.turned_away == 0:
+                log.warning(
+                    "telemetry.relay_turned_away",
+                    job_id=self._job_id,
+                    rank=self._rank,
+                    hint="the relay is at its bound; this rank publishes to Redis itself",
+                )
+            self.turned_away += 1
+            self._turned_away_at = time.monotonic()
         if isinstance(current, RelayClient):
             self.close(current)
             return None
@@ -93,8 +111,17 @@ class Outlet:
             with contextlib.suppress(Exception):
                 current.client.close()
 
+    @staticmethod
+    def sent_nothing(exc: Exception) -> bool:
+        """True when the failed publish stored nothing anywhere (the relay turned the
+        connection away before reading it, or refused the flush): sending it to Redis at
+        once cannot store it twice."""
+        return isinstance(exc, RelayTurnedAwayError | RelayRefusedError)
+
     def _relay(self) -> RelayClient | None:
         if self._relay_socket is None or self.refused:
+            return None
+        if time.monotonic() - self._turned_away_at < self.retry_s:
             return None
         self._relay_tried = time.monotonic()
         try:

@@ -22,12 +22,9 @@ import contextlib
 import functools
 import json
 import math
-import pwd
-import re
 import secrets
 import socket
 import socketserver
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -44,52 +41,18 @@ from slurm_plugin.model.records import FlushHeader, check_steps, encode_json_ent
 from slurm_plugin.model.relayed import encode_relayed
 from slurm_plugin.store import registration
 from slurm_plugin.store.telemetry_store import TelemetryStore
+from slurm_plugin.telemetry.relay_peers import Admission, Peer, job_of_process, user_name
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_SOCKET = Path("/run/slurm-straggler/relay.sock")
 #: The largest flush message a relay reads (a reporter's flush is at most a few hundred kB).
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
-#: Connections served at once (one thread each); more are closed, and those ranks publish to
-#: Redis themselves. A node runs a few ranks per GPU at most.
-MAX_CONNECTIONS = 512
 #: How long a flush waits for the tick that stores it; a reporter waits longer for the answer.
 ANSWER_WAIT_S = 10.0
 _STORED_KEEP_S = 600.0
 #: How long a job's registered user is remembered (it never changes while the job lives).
 _OWNER_KEEP_S = 60.0
-_CGROUP_JOB = re.compile(r"/job_([0-9]+)(?:/|$)")
-
-
-def job_of_process(pid: int, proc: Path = Path("/proc")) -> str | None:
-    """The Slurm job a process runs in: its cgroup's ``job_N`` (Slurm's cgroup plugin; the
-    process cannot leave it), else its ``SLURM_JOB_ID``; None when it shows neither."""
-    with contextlib.suppress(OSError):
-        for line in (proc / str(pid) / "cgroup").read_text().splitlines():
-            match = _CGROUP_JOB.search(line)
-            if match:
-                return match[1]
-    with contextlib.suppress(OSError):
-        for item in (proc / str(pid) / "environ").read_bytes().split(b"\0"):
-            if item.startswith(b"SLURM_JOB_ID="):
-                return item.split(b"=", 1)[1].decode(errors="replace") or None
-    return None
-
-
-def peer_credentials(conn: socket.socket) -> tuple[int, int]:
-    """The process id and user id of a Unix socket's peer, as the kernel recorded them at
-    connect time."""
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _gid = struct.unpack("3i", creds)
-    return int(pid), int(uid)
-
-
-def user_name(uid: int) -> str | None:
-    """The name of a user id (None: no such user)."""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return None
 
 
 @dataclass
@@ -179,6 +142,8 @@ class Relay:
         self._server: _Server | None = None
         self._threads: list[threading.Thread] = []
         self._conns: set[socket.socket] = set()
+        #: Who is connected, and the bounds per job and per user (``relay_peers``).
+        self.admission = Admission(self.node)
         # Per (rank, reporter session): the newest flush stored. A reporter that did not hear
         # our answer sends a flush again; one already stored is not packed twice.
         # Kept 10 minutes after the last one (a reporter retries within seconds).
@@ -253,23 +218,18 @@ class Relay:
         with self._lock:
             return len(self._conns)
 
-    def _serve(self, conn: socket.socket, reader: Any) -> None:
+    def _serve(self, conn: socket.socket, reader: Any, peer: Peer) -> None:
         """One reporter's connection, in its own thread (``_Server``)."""
         with self._lock:
             self._conns.add(conn)
         try:
-            self._converse(conn, reader)
+            self._converse(conn, reader, peer.job, peer.uid)
         finally:
             with self._lock:
                 self._conns.discard(conn)
 
-    def _converse(self, conn: socket.socket, reader: Any) -> None:
+    def _converse(self, conn: socket.socket, reader: Any, job: str, uid: int) -> None:
         """Answer one reporter's flushes until it hangs up (or we stop)."""
-        try:
-            pid, uid = peer_credentials(conn)
-            job = self._job_of(pid)
-        except OSError:
-            job, uid = None, -1
         while not self._stop.is_set():
             try:
                 line = reader.readline(MAX_MESSAGE_BYTES + 1)
@@ -443,14 +403,16 @@ class _Handler(socketserver.StreamRequestHandler):
     server: _Server
 
     def handle(self) -> None:
-        self.server.relay._serve(self.request, self.rfile)
+        peer = self.server.relay.admission.peer(self.request)
+        if peer is not None:
+            self.server.relay._serve(self.request, self.rfile, peer)
 
 
 class _Server(socketserver.ThreadingUnixStreamServer):
-    """The standard library's threaded Unix-socket server, with a bound on the connections
-    served at once: a connection over it is closed (its reporter publishes to Redis itself).
-    The slot is taken in the accepting thread before the connection's thread starts, so a
-    burst of connections can never exceed the bound."""
+    """The standard library's threaded Unix-socket server, with bounds on the connections
+    served at once (``relay_peers.Admission``): a connection over them is closed at once, and
+    its reporter publishes to Redis itself. The slot is taken in the accepting thread before
+    the connection's thread starts, so a burst of connections can never exceed a bound."""
 
     daemon_threads = True
     block_on_close = False
@@ -458,21 +420,16 @@ class _Server(socketserver.ThreadingUnixStreamServer):
 
     def __init__(self, relay: Relay) -> None:
         self.relay = relay
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(str(relay.socket_path), _Handler)
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
-        if self._slots.acquire(blocking=False):
-            return True
-        self.relay.refused += 1
-        log.warning("relay.too_many_connections", node=self.relay.node, limit=MAX_CONNECTIONS)
-        return False
+        return self.relay.admission.admit(request, self.relay._job_of) is not None
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self.relay.admission.release(request)
 
 
 def _reply(flush: _Flush) -> dict[str, Any]:

@@ -22,6 +22,11 @@ class RelayRefusedError(TelemetryError):
     """The relay will not publish for this process (another job's flush, a bad message)."""
 
 
+class RelayTurnedAwayError(RedisUnavailableError):
+    """The relay closed a new connection before answering anything on it: over its bounds
+    (``relay_peers``), it never read the flush. The reporter publishes to Redis itself."""
+
+
 class RelayClient:
     """A reporter's way to its node's relay: :meth:`publish` as :class:`TelemetryStore`'s,
     answered once the relay has stored the flush. Any trouble raises
@@ -32,6 +37,8 @@ class RelayClient:
         self.timeout_s = timeout_s
         self._conn: socket.socket | None = None
         self._reader: Any = None
+        #: Answers read on the current connection (none yet: a close is the relay's refusal).
+        self.answered = 0
 
     @classmethod
     def connect(cls, socket_path: Path, timeout_s: float = CLIENT_TIMEOUT_S) -> RelayClient:
@@ -49,6 +56,7 @@ class RelayClient:
             conn.close()
             raise
         self._conn, self._reader = conn, conn.makefile("rb")
+        self.answered = 0
 
     def publish(
         self,
@@ -75,12 +83,16 @@ class RelayClient:
             assert self._conn is not None  # noqa: S101 - _open sets it or raises
             self._conn.sendall(json.dumps(message, default=str, allow_nan=False).encode() + b"\n")
             line = self._reader.readline(65536)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            self.close()
+            raise self._closed(str(exc)) from exc
         except OSError as exc:
             self.close()
             raise RedisUnavailableError(f"relay {self.socket_path}: {exc}") from exc
         if not line:
             self.close()
-            raise RedisUnavailableError(f"relay {self.socket_path} closed the connection")
+            raise self._closed("closed the connection")
+        self.answered += 1
         try:
             reply = json.loads(line)
         except ValueError:
@@ -94,6 +106,13 @@ class RelayClient:
             )
         refused = reply.get("invalid_events", 0)
         return refused if isinstance(refused, int) and refused >= 0 else 0
+
+    def _closed(self, how: str) -> RedisUnavailableError:
+        """The error for a connection the relay closed: before any answer on it, the relay
+        turned it away (it closes at once and reads nothing: nothing was stored)."""
+        if self.answered == 0:
+            return RelayTurnedAwayError(f"relay {self.socket_path} turned the connection away")
+        return RedisUnavailableError(f"relay {self.socket_path}: {how}")
 
     def close(self) -> None:
         if self._reader is not None:

@@ -37,6 +37,7 @@ from slurm_plugin.store import credentials
 from slurm_plugin.store.telemetry_store import TelemetryStore, connect_from
 from slurm_plugin.telemetry.job_env import rank_env
 from slurm_plugin.telemetry.outlet import Destination, Outlet
+from slurm_plugin.telemetry.timers import PhaseTimer, StepTimer
 
 log = structlog.get_logger(__name__)
 
@@ -68,46 +69,6 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-class _StepTimer:
-    __slots__ = ("_rep", "_step", "_t0")
-
-    def __init__(self, rep: StepReporter, step: int | None) -> None:
-        self._rep = rep
-        self._step = step
-        self._t0 = 0.0
-
-    def __enter__(self) -> _StepTimer:
-        self._rep._phase_s[:] = (None, None, None)
-        self._t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        rep = self._rep
-        step = rep._next_step if self._step is None else self._step
-        rep._next_step = step + 1
-        c, m, d = rep._phase_s
-        rep.record(step, time.perf_counter() - self._t0, c, m, d)
-
-
-class _PhaseTimer:
-    __slots__ = ("_index", "_rep", "_t0")
-
-    def __init__(self, rep: StepReporter, index: int) -> None:
-        self._rep = rep
-        self._index = index
-        self._t0 = 0.0
-
-    def __enter__(self) -> _PhaseTimer:
-        self._t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        acc = self._rep._phase_s
-        previous = acc[self._index]
-        elapsed = time.perf_counter() - self._t0
-        acc[self._index] = elapsed if previous is None else previous + elapsed
 
 
 class StepReporter:
@@ -170,7 +131,7 @@ class StepReporter:
         self._thread: threading.Thread | None = None
         self._next_step = 0
         self._phase_s: list[float | None] = [None, None, None]
-        self._phase_timers = {name: _PhaseTimer(self, i) for i, name in enumerate(PHASES)}
+        self._phase_timers = {name: PhaseTimer(self, i) for i, name in enumerate(PHASES)}
         self._last_ttl_refresh = -math.inf
         self._redis_down = False
         self._busy = False  # the flusher holds drained records it has not yet stored
@@ -250,11 +211,11 @@ class StepReporter:
             self.dropped += 1
         buf.append((step, time.time(), step_s, compute_s, comm_s, data_s))
 
-    def step(self, step: int | None = None) -> _StepTimer:
+    def step(self, step: int | None = None) -> StepTimer:
         """``with rep.step():`` times one step and records it (steps count from 0)."""
-        return _StepTimer(self, step)
+        return StepTimer(self, step)
 
-    def phase(self, name: str) -> _PhaseTimer:
+    def phase(self, name: str) -> PhaseTimer:
         """``with rep.phase("compute"|"comm"|"data"):`` inside ``rep.step()``."""
         try:
             return self._phase_timers[name]
@@ -292,11 +253,31 @@ class StepReporter:
             return
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout_s)
-        self._thread = None
+        thread, self._thread = self._thread, None
+        thread.join(timeout_s)
         _live.discard(self)
         Outlet.close(self._store)
         self._store = None
+        if not thread.is_alive():
+            self._count_lost()
+
+    def _count_lost(self) -> None:
+        """After the last flush: what it could not publish is gone with the process; count it
+        in ``dropped`` and say so (nothing is left to publish the count)."""
+        lost = len(self._buf) + sum(len(e.raws) for e in self._pending)
+        if lost == 0:
+            return
+        self.dropped += lost
+        self._buf.clear()
+        self._pending = []
+        log.warning(
+            "telemetry.lost_at_close",
+            job_id=self.job_id,
+            rank=self.rank,
+            lost=lost,
+            dropped_total=self.dropped,
+            hint="neither the relay nor Redis took the last flush",
+        )
 
     def __enter__(self) -> StepReporter:
         return self
@@ -446,13 +427,7 @@ class StepReporter:
                 }
             )
         try:
-            refused = self._store.publish(
-                self.job_id,
-                [e.fields for e in pending],
-                events,
-                refresh_ttl=refresh,
-                steps_maxlen=self._steps_maxlen,
-            )
+            refused = self._publish(pending, events, refresh)
         except StragglerError as exc:
             kept = [e for e in events if e["name"] != "telemetry_dropped"]
             return self._failed(pending, kept, exc)
@@ -474,6 +449,26 @@ class StepReporter:
                 invalid=self.invalid,
             )
         return True
+
+    def _publish(self, pending: list[_Entry], events: list[dict[str, Any]], refresh: bool) -> int:
+        """Publish one flush where the outlet says; when the relay turned us away (or refused
+        the flush: it stored nothing), to Redis at once, not a backoff later."""
+        outlet, store = self._outlet, self._store
+        assert outlet is not None  # noqa: S101 - enabled implies a store factory
+        assert store is not None  # noqa: S101 - the caller connected
+        steps = [e.fields for e in pending]
+        try:
+            return store.publish(
+                self.job_id, steps, events, refresh_ttl=refresh, steps_maxlen=self._steps_maxlen
+            )
+        except StragglerError as exc:
+            if not outlet.sent_nothing(exc):
+                raise
+            self._store = outlet.failed(store, exc)
+        self._store = outlet.connect()
+        return self._store.publish(
+            self.job_id, steps, events, refresh_ttl=refresh, steps_maxlen=self._steps_maxlen
+        )
 
     def _failed(
         self,

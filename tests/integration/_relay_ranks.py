@@ -40,7 +40,11 @@ def main() -> None:
         time.sleep(0.1)
     for rep in reporters:
         rep.close(timeout_s=20.0)
-    result = {"published": sum(r.published for r in reporters), "steps": step}
+    result = {
+        "published": sum(r.published for r in reporters),
+        "dropped": sum(r.dropped for r in reporters),
+        "steps": step,
+    }
     print(json.dumps(result))  # noqa: T201 - the answer, on stdout
 
 

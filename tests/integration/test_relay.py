@@ -18,15 +18,14 @@ import pytest
 import redis
 
 from slurm_plugin import StepReporter
-from slurm_plugin.errors import RedisUnavailableError
 from slurm_plugin.model import keys
 from slurm_plugin.model.records import StepRecord, encode_steps
 from slurm_plugin.store import registration
 from slurm_plugin.store.telemetry_store import Seen, TelemetryStore, connect
 from slurm_plugin.telemetry import outlet as outlet_module
-from slurm_plugin.telemetry import relay as relay_module
+from slurm_plugin.telemetry import relay_peers
 from slurm_plugin.telemetry.relay import Relay, parse_message
-from slurm_plugin.telemetry.relay_client import RelayClient
+from slurm_plugin.telemetry.relay_client import RelayClient, RelayTurnedAwayError
 from tests.integration.conftest import RedisServer, wait_for
 
 pytestmark = pytest.mark.integration
@@ -199,7 +198,7 @@ def test_a_flush_sent_again_after_a_missed_answer_is_stored_once(
 def test_connections_are_bounded_and_forgotten_when_they_close(
     private_redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(relay_module, "MAX_CONNECTIONS", 3)
+    monkeypatch.setattr(relay_peers, "MAX_PER_JOB", 3)
     relay = Relay(
         TelemetryStore(connect(private_redis.url)),
         "node0",
@@ -219,10 +218,9 @@ def test_connections_are_bounded_and_forgotten_when_they_close(
         for rank, client in enumerate(held):
             publish(client, rank)
         extra = RelayClient.connect(relay.socket_path)  # the kernel accepts; the relay closes
-        # How the refusal reads depends on who is first: the relay's close (EOF), or the
-        # client's write after it (EPIPE / ECONNRESET).
-        refused = r"closed the connection|reset by peer|Broken pipe"
-        with pytest.raises(RedisUnavailableError, match=refused):
+        # Whoever is first (the relay's close, or the client's write after it: EOF, EPIPE or
+        # ECONNRESET), a connection closed before any answer reads as turned away.
+        with pytest.raises(RelayTurnedAwayError, match="turned the connection away"):
             publish(extra, 3)
         extra.close()
         for client in held:
@@ -426,3 +424,100 @@ def test_a_process_of_another_user_cannot_publish_as_a_job(private_redis: RedisS
         shutil.rmtree(shared, ignore_errors=True)
     assert relay.refused == 2
     assert relay.flushes == 3
+
+
+_HOLDER = """
+import socket, sys
+held = []
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sys.argv[1])
+    held.append(s)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def _hold(uid: int, sock: Path, count: int, job: str | None) -> subprocess.Popen[str]:
+    """A process of user ``uid`` (in ``job``, or in none) that opens ``count`` connections to
+    the relay and holds them, idle, until its standard input closes."""
+    python = shutil.which("python3", path=_SYSTEM_PATH)
+    assert python is not None
+    env = {"PATH": _SYSTEM_PATH, **({"SLURM_JOB_ID": job} if job else {})}
+    proc = subprocess.Popen(
+        [python, "-c", _HOLDER, str(sock), str(count)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        user=uid,
+        text=True,
+        cwd="/",
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs holders as another user (root only)")
+@pytest.mark.skipif(
+    shutil.which("python3", path=_SYSTEM_PATH) is None, reason="no system python3 for holders"
+)
+def test_no_local_user_blinds_a_nodes_relay(private_redis: RedisServer) -> None:
+    """Issue 38, item 4: processes of `nobody` hold idle connections: 300 from no job, 200
+    from each of two jobs of its own and 50 from a third. The first are turned away at once
+    (they could never publish), the others stop at the bound per job and then per user; root's
+    job's 64 ranks on the node still publish every record through the relay."""
+    nobody = pwd.getpwnam("nobody").pw_uid
+    shared = Path(tempfile.mkdtemp(prefix="relay-"))  # a directory every user can traverse
+    shared.chmod(0o755)
+    relay = Relay(TelemetryStore(connect(private_redis.url)), "node0", shared / "relay.sock")
+    relay.start()
+    holders = []
+    try:
+        for count, job in ((300, None), (200, "902"), (200, "903"), (50, "904")):
+            holders.append(_hold(nobody, relay.socket_path, count, job))
+        per_job = relay_peers.MAX_PER_JOB
+        assert 2 * per_job == relay_peers.MAX_PER_USER
+        turned = {"no job": 300, "job": 2 * (200 - per_job), "user": 50}
+        wait_for(lambda: dict(relay.admission.turned_away) == turned, 30, "the holders' turn")
+        assert relay.admission.served == relay_peers.MAX_PER_USER
+        published = _published(_ranks(JOB, JOB, 0, 64, 3.0, relay.socket_path, private_redis.url))
+    finally:
+        for holder in holders:
+            holder.communicate(timeout=30)
+        relay.close()
+        shutil.rmtree(shared, ignore_errors=True)
+    records, repeats, _ = _read_all(TelemetryStore(connect(private_redis.url)))
+    assert (len(records), repeats) == (published, 0)
+    assert published >= 64 * 20
+    assert {r.node for r in records} == {"node0"}  # every one through the relay
+
+
+def test_ranks_over_the_bound_publish_to_redis_themselves_and_lose_nothing(
+    private_redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 38, item 4: a relay at its bound for the job turns the next ranks' connections
+    away; those ranks publish to Redis themselves at once (they are not refused again and
+    again, losing their records at the job's end)."""
+    monkeypatch.setattr(relay_peers, "MAX_PER_JOB", 4)
+    relay = Relay(TelemetryStore(connect(private_redis.url)), "node0", tmp_path / "r.sock")
+    relay.start()
+    try:
+        proc = _ranks(JOB, JOB, 0, 8, 3.0, relay.socket_path, private_redis.url)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+    finally:
+        relay.close()
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["dropped"] == 0
+    records, repeats, _ = _read_all(TelemetryStore(connect(private_redis.url)))
+    assert (len(records), repeats) == (result["published"], 0)
+    by_node: dict[str, set[int]] = {}
+    for record in records:
+        by_node.setdefault(record.node, set()).add(record.rank)
+    # Four ranks through the relay (its node), four to Redis themselves (the node they claim),
+    # and every step of every rank stored.
+    assert sorted(len(ranks) for ranks in by_node.values()) == [4, 4]
+    assert set(by_node) == {"node0", "claimed"}
+    assert result["published"] == 8 * result["steps"]
+    assert relay.admission.turned_away["job"] >= 4

@@ -9,7 +9,7 @@ import pytest
 from slurm_plugin.model.columns import decode_entries
 from slurm_plugin.model.records import decode_header, encode_steps
 from slurm_plugin.model.relayed import encode_relayed
-from slurm_plugin.telemetry.relay import job_of_process
+from slurm_plugin.telemetry.relay_peers import job_of_process
 
 
 def _flushes() -> list[dict[str, str]]:

@@ -308,3 +308,18 @@ def test_an_event_redis_would_refuse_never_holds_back_the_steps() -> None:
     assert [e["name"] for e in store.events] == ["checkpoint_end"]
     assert rep.invalid_events == 1
     assert decode_entries(store.steps).batch.step.tolist() == [1]
+
+
+def test_what_the_last_flush_could_not_publish_is_counted_as_dropped() -> None:
+    """Issue 38, item 4: a job that ends while neither the relay nor Redis takes its flushes
+    loses them; the reporter counts them in ``dropped`` and says so, never ``dropped 0``."""
+    store = FakeStore()
+    store.fail_next = 1_000_000
+    rep = _reporter(store)
+    for step in range(40):
+        rep.record(step, 0.1)
+    with capture_logs() as logs:
+        rep.close(timeout_s=10)
+    assert (rep.published, rep.dropped) == (0, 40)
+    (lost,) = [e for e in logs if e["event"] == "telemetry.lost_at_close"]
+    assert lost["lost"] == 40
