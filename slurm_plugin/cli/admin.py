@@ -65,7 +65,7 @@ def serve(settings: Settings, once: bool, dry_run: bool, as_json: bool) -> None:
         state,
         store,
         dry_run=dry_run,
-        metrics=Metrics(settings.service.metrics_port),
+        metrics=Metrics(settings.service.metrics_port, settings.service.metrics_address),
     )
     service.reload_policies()  # no policy directory or no valid default policy: exit here
     if not dry_run:

@@ -37,6 +37,7 @@ from pydantic_settings import (
 
 from slurm_plugin.config.tables import (
     DEV_ONLY,
+    GROUPS,
     LEGACY,
     RENAMED,
     HealthSettings,
@@ -199,7 +200,10 @@ def nest(values: Mapping[str, Any], where: str) -> dict[str, Any]:
         group, name = LEGACY[old]
         table = out.get(group)
         table = dict(table) if isinstance(table, Mapping) else {}
-        table.setdefault(name, out.pop(old))
+        flat = out.pop(old)
+        if name in table:
+            _check_unused(old, group, name, flat, where)
+        table.setdefault(name, flat)
         out[group] = table
         seen = _SEEN_LEGACY.get()
         if seen is not None:
@@ -211,6 +215,20 @@ def nest(values: Mapping[str, Any], where: str) -> dict[str, Any]:
                 stacklevel=2,
             )
     return out
+
+
+def _check_unused(old: str, group: str, name: str, value: Any, where: str) -> None:
+    """A flat value that its table's value overrides is still checked: an invalid one said
+    nothing, and came back the day the table's line went."""
+    try:
+        GROUPS[group].model_validate({name: value})
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"] if exc.errors() else str(exc)
+        raise ConfigError(
+            f"{old} ({where}): {reason} (the value of [{group}] {name} is the one used; "
+            "remove the flat name)",
+            field=old,
+        ) from None
 
 
 class _Nested(PydanticBaseSettingsSource):
@@ -278,6 +296,8 @@ def holds_secret(values: Mapping[str, Any]) -> bool:
 def _url_holds_secret(url: Any) -> bool:
     if not isinstance(url, str) or "://" not in url:
         return False
+    if urls.raw_userinfo_password(url):
+        return True  # a password the parser would cut at a raw "?", "#" or "/" is one still
     try:
         parts = urlsplit(url)
         in_query = any(_secret_param(k) and v for k, v in parse_qsl(parts.query))
@@ -288,21 +308,25 @@ def _url_holds_secret(url: Any) -> bool:
 
 def redact_url(url: str) -> str:
     """``url`` with every password (userinfo or query) replaced by ``***``, for output and
-    messages."""
+    messages. The userinfo runs to the last ``@``: a password with a raw ``?``, ``#`` or ``/``
+    (which the URL check refuses) is hidden whole too, never cut at that character."""
     if "://" not in url:
         return url
     scheme, _, rest = url.partition("://")
+    userinfo, at, tail = rest.rpartition("@")
+    prefix = ""
+    if at and any(mark in userinfo for mark in ":=?#/"):
+        cut = min((i for i in (userinfo.find(c) for c in ":?#/") if i >= 0), default=0)
+        prefix, rest = f"{userinfo[:cut]}:***@", tail
+    elif at:
+        prefix, rest = f"{userinfo}@", tail
     rest, mark, query = rest.partition("?")
-    if "@" in rest:
-        userinfo, _, host = rest.rpartition("@")
-        if ":" in userinfo:
-            rest = f"{userinfo.split(':', 1)[0]}:***@{host}"
     if query:
         pairs = (p.partition("=") for p in query.split("&"))
         query = "&".join(
             f"{k}{eq}{'***' if eq and _secret_param(unquote(k)) else v}" for k, eq, v in pairs
         )
-    return f"{scheme}://{rest}{mark}{query}"
+    return f"{scheme}://{prefix}{rest}{mark}{query}"
 
 
 def check_private(path: Path) -> None:

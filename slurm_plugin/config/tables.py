@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from slurm_plugin.model.redis_url import unencoded_userinfo
 
 
 class _Group(BaseModel):
@@ -24,6 +27,17 @@ class RedisSettings(_Group):
         "for Redis behind Sentinel): telemetry, node history, audit trail.",
     )
     cluster: bool = Field(default=False, description="Treat url as a Redis Cluster seed node.")
+
+    @field_validator("url")
+    @classmethod
+    def _password_encoded(cls, value: str) -> str:
+        if unencoded_userinfo(value):
+            raise ValueError(
+                "the password holds a raw '?', '#' or '/', which ends the host part of a URL: "
+                "percent-encode them (%3F, %23, %2F)"
+            )
+        return value
+
     tls_ca_file: Path | None = Field(
         default=None,
         description="rediss:// only: CA bundle that signed the server's certificate "
@@ -115,6 +129,19 @@ class ServiceSettings(_Group):
     metrics_port: int = Field(
         default=0, ge=0, le=65535, description="Prometheus metrics port (0: no endpoint)."
     )
+    metrics_address: str = Field(
+        default="127.0.0.1",
+        description="The address the metrics endpoint listens on: loopback unless a Prometheus "
+        "elsewhere scrapes it (then this host's address on the monitoring network, or 0.0.0.0).",
+    )
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _an_ip_address(cls, value: str) -> str:
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address (e.g. 127.0.0.1, 0.0.0.0)") from None
 
 
 class HealthSettings(_Group):

@@ -126,6 +126,24 @@ def endpoint(url: str) -> str:
     return f"{parts.hostname}:{parts.port}/{database(url)}"
 
 
+def raw_userinfo_password(url: str) -> bool:
+    """True when the text between ``://`` and the URL's last ``@`` holds a ``:`` (a
+    password), whatever a parser makes of a raw ``?``, ``#`` or ``/`` inside it."""
+    rest = url.partition("://")[2]
+    userinfo, at, _ = rest.rpartition("@")
+    return bool(at) and ":" in userinfo
+
+
+def unencoded_userinfo(url: str) -> bool:
+    """True when the userinfo holds a raw ``?``, ``#`` or ``/``: parsers (redis-py's too) end
+    the host part there, so the password is cut and the rest taken for the host."""
+    rest = url.partition("://")[2]
+    userinfo, at, _ = rest.rpartition("@")
+    if not at or "=" in userinfo:  # an "@" in a query value (?password=a@b) is not one
+        return False
+    return ":" in userinfo and any(c in userinfo for c in "?#/")
+
+
 def password_of(url: str) -> str | None:
     """The password in ``url``'s userinfo (the master's, for a Sentinel URL)."""
     if is_sentinel(url):

@@ -7,6 +7,8 @@ from typing import Any
 
 import structlog
 
+from slurm_plugin.errors import ConfigError
+
 log = structlog.get_logger(__name__)
 
 
@@ -27,7 +29,7 @@ class _Null:
 class Metrics:
     """The service's metrics; every attribute works whether or not prometheus is there."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, address: str = "127.0.0.1") -> None:
         self.enabled = False
         null = _Null()
         self.jobs: Any = null
@@ -129,5 +131,11 @@ class Metrics:
             "1 while the circuit breaker stops all actions (too many straggler nodes at once)",
             registry=registry,
         )
-        prom.start_http_server(port, registry=registry)
+        try:
+            prom.start_http_server(port, addr=address, registry=registry)
+        except OSError as exc:
+            raise ConfigError(
+                f"metrics endpoint {address}:{port}: {exc.strerror or exc}",
+                field="service.metrics_port",
+            ) from exc
         self.enabled = True

@@ -4,6 +4,7 @@ returns data; the alert rules pass `promtool check rules` and their own rule tes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from slurm_plugin.demo.run import start_service
+from slurm_plugin.errors import ConfigError
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.state import ServiceState
 from tests.integration.conftest import SERVICE_LOG, Slurm, free_port, wait_for
@@ -211,3 +213,30 @@ def test_the_dashboard_names_only_metrics_the_service_exports() -> None:
     used = set(re.findall(r"\bstraggler_[a-z_]+", " ".join(exprs)))
     assert used, "no metric found in the dashboard"
     assert used - series == set()
+
+
+def _listening(port: int) -> set[str]:
+    """The local addresses (hex, as the kernel writes them) that listen on TCP ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.rsplit(":", 1)
+                if int(hex_port, 16) == port and state == "0A":  # LISTEN
+                    found.add(address)
+    return found
+
+
+def test_the_metrics_endpoint_listens_where_it_is_told_loopback_by_default() -> None:
+    """Issue 38, item 9: the endpoint (job ids, node names) bound every address with no
+    setting for it; it listens on loopback unless ``service.metrics_address`` says more, and
+    a port in use is one clear error."""
+    port = free_port()
+    Metrics(port=port)
+    assert _listening(port) == {"0100007F"}  # 127.0.0.1 only
+    everywhere = free_port()
+    Metrics(port=everywhere, address="0.0.0.0")  # noqa: S104 - what the test asks for
+    assert _listening(everywhere) == {"00000000"}
+    with pytest.raises(ConfigError, match=rf"metrics endpoint 127.0.0.1:{port}: .*in use"):
+        Metrics(port=port)

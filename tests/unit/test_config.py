@@ -268,3 +268,61 @@ def test_a_password_in_either_form_makes_the_file_private(tmp_path: Path) -> Non
     path.chmod(0o644)
     with pytest.raises(ConfigError, match="0644"):
         load_settings(path)
+
+
+@pytest.mark.parametrize("char", ["?", "#", "/"])
+def test_a_password_with_a_raw_url_delimiter_is_refused_and_never_shown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, char: str
+) -> None:
+    """Issue 38, item 9: a password with a raw ``?``, ``#`` or ``/`` (the URL parser ends the
+    host there) was printed by `config show` and `status`, and a world-readable file holding
+    it passed the privacy check. Now such a file is private or refused, the URL is refused
+    with how to write it, and no output shows the password."""
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from slurm_plugin.cli.main import cli  # noqa: PLC0415
+    from slurm_plugin.config import redact_url  # noqa: PLC0415
+
+    url = f"redis://admin:ab{char}cd3f@db:6379/0"
+    assert redact_url(url) == "redis://admin:***@db:6379/0"
+    path = tmp_path / "config.toml"
+    path.write_text(f'[redis]\nurl = "{url}"\n')
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match="0644") as info:
+        load_settings(path)
+    assert "cd3f" not in str(info.value)
+    path.chmod(0o600)
+    with pytest.raises(ConfigError, match=r"redis\.url: the password holds a raw") as info:
+        load_settings(path)
+    assert "cd3f" not in str(info.value)
+    assert "%3F, %23, %2F" in str(info.value)
+    monkeypatch.setenv("STRAGGLER_REDIS_URL", url)
+    for args in (["config", "show"], ["status"]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code != 0
+        assert "cd3f" not in result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
+    # An "@" in a query value is not a userinfo: such a URL still loads.
+    monkeypatch.setenv("STRAGGLER_REDIS_URL", "redis://db:6379/0?password=a@b")
+    assert load_settings(None).redis.url.endswith("a@b")
+
+
+def test_the_metrics_address_must_be_an_ip_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 38, item 9: the metrics endpoint's address is a setting, loopback by default."""
+    assert load_settings(None).service.metrics_address == "127.0.0.1"
+    monkeypatch.setenv("STRAGGLER_SERVICE_METRICS_ADDRESS", "0.0.0.0")  # noqa: S104
+    assert load_settings(None).service.metrics_address == "0.0.0.0"  # noqa: S104
+    monkeypatch.setenv("STRAGGLER_SERVICE_METRICS_ADDRESS", "everywhere")
+    with pytest.raises(ConfigError, match=r"service\.metrics_address: 'everywhere' is not an IP"):
+        load_settings(None)
+
+
+def test_an_invalid_flat_value_beside_its_table_value_is_an_error(tmp_path: Path) -> None:
+    """Issue 38, item 9: ``command_timeout_s = -1`` (0.1's flat name) beside a valid
+    ``[slurm] command_timeout_s`` was accepted in silence; a valid one still loses quietly."""
+    path = tmp_path / "config.toml"
+    path.write_text("command_timeout_s = -1\n[slurm]\ncommand_timeout_s = 9\n")
+    with pytest.raises(ConfigError, match=r"command_timeout_s \(key in .*greater than 0"):
+        load_settings(path)
+    path.write_text("command_timeout_s = 7\n[slurm]\ncommand_timeout_s = 9\n")
+    assert load_settings(path).slurm.command_timeout_s == 9
