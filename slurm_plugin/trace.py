@@ -169,20 +169,23 @@ def read_trace(source: TextIO | Path, *, name: str | None = None) -> Trace:
     name = name or (str(source) if isinstance(source, Path) else "trace")
     try:
         if isinstance(source, Path):  # pyarrow reads the file itself; the text only if needed
-            with source.open(newline="") as handle:
+            with source.open(newline="", encoding="utf-8-sig") as handle:
                 header = _header(handle.readline(), name)
             trace = _fast(source, header)
             if trace is None:
-                with source.open(newline="") as handle:
+                with source.open(newline="", encoding="utf-8-sig") as handle:
                     trace = _careful(handle.read(), header, name)
         else:
-            text = source.read()
+            text = source.read().removeprefix("\ufeff")
             header = _header(text.partition("\n")[0], name)
             trace = _fast(text.encode(), header)
             if trace is None:
                 trace = _careful(text, header, name)
     except UnicodeDecodeError as exc:
-        raise TraceError(f"{name}: not a text CSV file ({exc.reason})") from None
+        raise TraceError(
+            f"{name}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+            f"{exc.start}); save it as UTF-8"
+        ) from None
     if not len(trace):
         raise TraceError(f"{name}: no records after the header")
     if (trace.rank < 0).any() or (trace.step < 0).any():

@@ -82,21 +82,39 @@ def companion(trace_path: Path, kind: str) -> Path:
     return trace_path.with_name(f"{trace_path.stem}.{kind}.csv")
 
 
+#: The latest time a companion may give (unix seconds; year 5138): a larger one is a unit or
+#: a corruption (1e308 made a decision "save" 10^300 seconds).
+MAX_TS = 1e11
+
+
 def _rows(path: Path, columns: tuple[str, ...]) -> Iterable[tuple[int, dict[str, str]]]:
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        header = [h.strip() for h in reader.fieldnames or []]
-        missing = [c for c in columns if c not in header]
-        if missing:
-            raise TraceError(
-                f"{path.name}: missing column(s) {', '.join(missing)}; "
-                f"the header must be {','.join(columns)}"
-            )
-        reader.fieldnames = header
-        yield from enumerate(reader, start=2)
+    """The rows of a companion by line number; :class:`TraceError` (one line, naming the
+    file and line) for text that is not UTF-8 or not CSV. A byte-order mark is read past."""
+    line = 1
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            reader = csv.DictReader(handle)
+            header = [h.strip() for h in reader.fieldnames or []]
+            missing = [c for c in columns if c not in header]
+            if missing:
+                raise TraceError(
+                    f"{path.name}: missing column(s) {', '.join(missing)}; "
+                    f"the header must be {','.join(columns)}"
+                )
+            reader.fieldnames = header
+            for line, row in enumerate(reader, start=2):
+                yield line, row
+    except UnicodeDecodeError as exc:
+        raise TraceError(
+            f"{path.name}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} near line "
+            f"{line + 1}); save it as UTF-8"
+        ) from None
+    except csv.Error as exc:
+        raise TraceError(f"{path.name}: line {line + 1}: not CSV: {exc}") from None
 
 
 def _number(path: Path, line: int, column: str, text: str | None, *, optional: bool) -> float:
+    """A time column's value: unix seconds, 0 to ``MAX_TS``."""
     text = (text or "").strip()
     if not text and optional:
         return math.nan
@@ -105,7 +123,12 @@ def _number(path: Path, line: int, column: str, text: str | None, *, optional: b
     except ValueError:
         value = math.nan
     if not math.isfinite(value):
-        raise TraceError(f"{path.name}: line {line}, {column}: not a finite number: {text!r}")
+        raise TraceError(f"{path.name}: line {line}, {column}: not a finite number: {text[:40]!r}")
+    if not 0 <= value <= MAX_TS:
+        raise TraceError(
+            f"{path.name}: line {line}, {column}: {text[:40]} is not a unix time in seconds "
+            f"(0 to {MAX_TS:.0e})"
+        )
     return value
 
 

@@ -108,7 +108,7 @@ def test_bad_files_are_one_error_either_way(
     with pytest.raises(TraceError, match="row 3: column 'rank': not a number"):
         read_trace(path)
     path.write_bytes(HEADER.encode() + b"1,0,n\xff1,0,0,100.0,0.1,,,\n")
-    with pytest.raises(TraceError, match=r"t\.csv: not a text CSV file"):
+    with pytest.raises(TraceError, match=r"t\.csv: not UTF-8 text"):
         read_trace(path)
 
 
@@ -444,3 +444,49 @@ def test_a_node_slow_from_the_first_step_is_evicted_as_the_service_would(tmp_pat
         (d["node"], d["action"], d["reasons"]) for d in detections
     ]
     assert not any("recovered" in r for d in detections for r in d["reasons"])
+
+
+@pytest.mark.parametrize(
+    ("jobs_csv", "error"),
+    [
+        (
+            b"job_id,start_ts,end_limit_ts\n7,1e308,\n",
+            "t.jobs.csv: line 2, start_ts: 1e308 is not a unix time in seconds",
+        ),
+        (
+            b"job_id,start_ts,end_limit_ts\n7,1000,-1e308\n",
+            "t.jobs.csv: line 2, end_limit_ts: -1e308 is not a unix time in seconds",
+        ),
+        (b"job_id,start_ts,end_limit_ts\n7,\xff\xfe,\n", "t.jobs.csv: not UTF-8 text (byte 0xff"),
+    ],
+)
+def test_a_companion_with_an_absurd_time_or_bad_bytes_is_one_clear_error(
+    tmp_path: Path, jobs_csv: bytes, error: str
+) -> None:
+    """Issue 38, item 9: companions took +-1e308 times (a decision "saved" 10^300 s) and
+    answered a non-UTF-8 byte with a misleading error; each is now one line naming the file."""
+    batch = generate(JobSpec("7", 16, 100, seed=1))
+    path = tmp_path / "t.csv"
+    write_csv([("7", batch)], str(path))
+    (tmp_path / "t.jobs.csv").write_bytes(jobs_csv)
+    result = CliRunner().invoke(cli, ["backtest", str(path)])
+    assert result.exit_code != 0
+    assert error in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:
+    """Issue 38, item 9: a trace or companion saved with a byte-order mark (spreadsheets do)
+    read as "missing column job_id"; the mark is read past."""
+    batch = generate(JobSpec("7", 16, 100, seed=1))
+    path = tmp_path / "t.csv"
+    write_csv([("7", batch)], str(path))
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    start = float(batch.ts.min())
+    (tmp_path / "t.jobs.csv").write_bytes(
+        b"\xef\xbb\xbfjob_id,start_ts,end_limit_ts\n" + f"7,{start},\n".encode()
+    )
+    result = CliRunner().invoke(cli, ["backtest", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "no TRACE.jobs.csv" not in result.output
