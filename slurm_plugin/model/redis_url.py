@@ -15,6 +15,10 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 SENTINEL_SCHEMES = frozenset({"redis+sentinel", "rediss+sentinel"})
 SENTINEL_PORT = 26379
+#: The most Sentinels a URL may name: clients ask them one after another, each up to the
+#: Redis timeout, so thousands of unreachable ones held `status` for minutes (a site runs
+#: three or five).
+MAX_SENTINELS = 16
 #: Query parameters of a Sentinel URL (anything else is refused: a typo must not go unheard).
 SENTINEL_PARAMS = frozenset({"sentinel_username", "sentinel_password"})
 
@@ -53,7 +57,13 @@ def parse_sentinel(url: str) -> SentinelUrl:
         user, colon, secret = userinfo.partition(":")
         username = unquote(user) or None
         password = unquote(secret) if colon else None
-    sentinels = tuple(_host_port(item) for item in hosts.split(",") if item)
+    items = [item for item in hosts.split(",") if item]
+    if len(items) > MAX_SENTINELS:
+        raise ValueError(
+            f"a Sentinel URL names at most {MAX_SENTINELS} Sentinels, not {len(items)} "
+            "(clients try them one after another)"
+        )
+    sentinels = tuple(_host_port(item) for item in items)
     if not sentinels:
         raise ValueError("a Sentinel URL names at least one Sentinel: HOST[:PORT][,HOST[:PORT]]")
     parts = [unquote(p) for p in path.split("/") if p]

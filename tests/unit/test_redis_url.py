@@ -3,6 +3,8 @@ flushes missing from a stream counted."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from slurm_plugin.config import Settings, holds_secret, redact_url, redis_database
@@ -119,3 +121,26 @@ def test_flushes_missing_between_two_read_are_counted() -> None:
     )
     assert (second.repeats, second.missing) == (1, 1)
     assert len(second.entries) == 3
+
+
+def test_a_url_naming_thousands_of_sentinels_is_refused_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 38, item 9: `status` with thousands of unreachable Sentinels ran past two
+    minutes (clients ask them one by one); more than MAX_SENTINELS is a one-line error."""
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from slurm_plugin.cli.main import cli  # noqa: PLC0415
+
+    hosts = ",".join(f"10.255.{i // 250}.{i % 250 + 1}:26379" for i in range(5000))
+    url = f"redis+sentinel://{hosts}/mymaster/0"
+    with pytest.raises(ValueError, match="at most 16 Sentinels, not 5000"):
+        parse_sentinel(url)
+    assert len(parse_sentinel(url.replace(hosts, ",".join(hosts.split(",")[:16]))).sentinels) == 16
+    monkeypatch.setenv("STRAGGLER_REDIS_URL", url)
+    started = time.monotonic()
+    result = CliRunner().invoke(cli, ["status"])
+    assert time.monotonic() - started < 10
+    assert result.exit_code != 0
+    assert "at most 16 Sentinels" in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
