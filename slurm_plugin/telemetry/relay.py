@@ -79,6 +79,8 @@ def parse_message(line: bytes) -> _Flush:
         message = json.loads(line)
     except (ValueError, UnicodeDecodeError) as exc:
         raise TelemetryError(f"not a JSON flush message: {exc}") from None
+    except RecursionError:  # "[[[[..." 100,000 deep: killed the connection, uncounted
+        raise TelemetryError("not a flush message: JSON nested too deep") from None
     if not isinstance(message, dict):
         raise TelemetryError("a flush message is a JSON object")
     steps = message.get("steps", [])

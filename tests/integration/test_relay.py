@@ -7,6 +7,7 @@ import json
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -521,3 +522,35 @@ def test_ranks_over_the_bound_publish_to_redis_themselves_and_lose_nothing(
     assert set(by_node) == {"node0", "claimed"}
     assert result["published"] == 8 * result["steps"]
     assert relay.admission.turned_away["job"] >= 4
+
+
+def test_a_line_nested_too_deep_is_refused_and_the_connection_serves_on(
+    private_redis: RedisServer, tmp_path: Path
+) -> None:
+    """Issue 38, item 9: a 100,000-deep JSON line raised RecursionError in the relay's
+    connection thread (a traceback, the connection gone, nothing counted). It is refused and
+    counted like any bad message, and the next flush on the same connection is stored."""
+    relay = Relay(
+        TelemetryStore(connect(private_redis.url)),
+        "node0",
+        tmp_path / "r.sock",
+        tick_s=0.1,
+        job_of=lambda _pid: JOB,
+    )
+    relay.start()
+    conn = socket.socket(socket.AF_UNIX)
+    try:
+        conn.connect(str(relay.socket_path))
+        reader = conn.makefile("rb")
+        conn.sendall(b"[" * 100_000 + b"]" * 100_000 + b"\n")
+        refused = json.loads(reader.readline())
+        assert refused == {"ok": False, "refused": True, "error": refused["error"]}
+        assert "nested too deep" in refused["error"]
+        conn.sendall(_message(JOB, 1, 5, []) + b"\n")
+        assert json.loads(reader.readline()) == {"ok": True, "invalid_events": 0}
+    finally:
+        conn.close()
+        relay.close()
+    assert relay.refused == 1
+    records, _, _ = _read_all(TelemetryStore(connect(private_redis.url)))
+    assert [(r.rank, r.step) for r in records] == [(1, 5)]
