@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import re
 import shutil
 import sys
@@ -14,6 +15,7 @@ import click
 import numpy as np
 import structlog
 
+from slurm_plugin.cli import job_runs
 from slurm_plugin.cli.common import (
     actor,
     audit_action,
@@ -32,6 +34,7 @@ from slurm_plugin.service.loop import Service
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.slurm.rights import administrator
 from slurm_plugin.store.job_state import JobState
+from slurm_plugin.store.telemetry_store import TelemetryStore
 
 log = structlog.get_logger(__name__)
 
@@ -156,35 +159,13 @@ def _echo_losses(lost: int, missing: int) -> None:
 def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
     """Per-rank p50/p95 of step, compute, wait and data; the decisions so far."""
     _, state, store = build(settings)
-    by_rank: dict[int, dict[str, list[float]]] = {}
-    for r in store.iter_steps(job_id):
-        slot = by_rank.setdefault(
-            r.rank, {"node": [], "step": [], "compute": [], "comm": [], "data": []}
-        )
-        for key, value in (
-            ("step", r.step_s),
-            ("compute", r.compute_s),
-            ("comm", r.comm_s),
-            ("data", r.data_s),
-        ):
-            if value is not None:
-                slot[key].append(value)
-        slot["node"] = [r.node]  # type: ignore[list-item]
-    rows = []
-    for rank, slot in sorted(by_rank.items()):
-        row: dict[str, Any] = {"rank": rank, "node": slot["node"][0] if slot["node"] else ""}
-        for key in ("step", "compute", "comm", "data"):
-            values = np.asarray(slot[key])
-            row[f"{key}_p50_ms"] = (
-                round(float(np.median(values)) * 1000, 1) if len(values) else None
-            )
-            row[f"{key}_p95_ms"] = (
-                round(float(np.percentile(values, 95)) * 1000, 1) if len(values) else None
-            )
-        rows.append(row)
-    decisions = [typed(d) for d in state.job_decisions(job_id)]
     known = state.job_state(job_id)
-    if not rows and not decisions and known == JobState():
+    current = job_runs.Run.of_state(known)
+    # A record stamped before the current job was first submitted is an earlier job's.
+    since = (current.first_submit_ts or 0.0) - 1.0 if current is not None else -math.inf
+    rows = _rank_rows(store, job_id, since)
+    decisions, earlier = job_runs.split([typed(d) for d in state.job_decisions(job_id)], current)
+    if not rows and not decisions and not earlier and known == JobState():
         raise StragglerError(
             f"no telemetry, decisions or state for job {printable(job_id[:32])!r} (hint: "
             "`straggler jobs` lists the running ones; decisions expire after "
@@ -203,6 +184,7 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
                 "structure": structure,
                 "steps_entries_lost": lost,
                 "steps_entries_missing": missing,
+                "earlier_jobs": earlier,
             }
         )
         return
@@ -243,12 +225,52 @@ def job_show(settings: Settings, job_id: str, as_json: bool) -> None:
         counts = ", ".join(f"{n} {reason}" for reason, n in sorted(ignored.items()))
         click.echo(f"\nrecords not believed (evidence rules): {counts}")
     _echo_losses(lost, missing)
+    for run in earlier:
+        submitted = iso(run["first_submit_ts"]) if run["first_submit_ts"] else "an unknown time"
+        click.echo(
+            f"\nan earlier job with this id (user {printable(str(run['user'] or '?'))}, first "
+            f"submitted {submitted}): {run['decisions']} decision(s), not shown"
+        )
     for group in structure:
         nodes = ",".join(printable(str(n)) for n in group.get("nodes", []))
         click.echo(
             f"structure, compared with itself: {group.get('ranks')} ranks on {nodes} compute "
             f"{group.get('offset_pct')} % against the job's median rank"
         )
+
+
+def _rank_rows(store: TelemetryStore, job_id: str, since: float) -> list[dict[str, Any]]:
+    """Per rank: its node and the p50/p95 of step, compute, wait and data, from the records
+    stamped from ``since`` on."""
+    by_rank: dict[int, dict[str, list[float]]] = {}
+    for r in store.iter_steps(job_id):
+        if r.ts < since:
+            continue
+        slot = by_rank.setdefault(
+            r.rank, {"node": [], "step": [], "compute": [], "comm": [], "data": []}
+        )
+        for key, value in (
+            ("step", r.step_s),
+            ("compute", r.compute_s),
+            ("comm", r.comm_s),
+            ("data", r.data_s),
+        ):
+            if value is not None:
+                slot[key].append(value)
+        slot["node"] = [r.node]  # type: ignore[list-item]
+    rows: list[dict[str, Any]] = []
+    for rank, slot in sorted(by_rank.items()):
+        row: dict[str, Any] = {"rank": rank, "node": slot["node"][0] if slot["node"] else ""}
+        for key in ("step", "compute", "comm", "data"):
+            values = np.asarray(slot[key])
+            row[f"{key}_p50_ms"] = (
+                round(float(np.median(values)) * 1000, 1) if len(values) else None
+            )
+            row[f"{key}_p95_ms"] = (
+                round(float(np.percentile(values, 95)) * 1000, 1) if len(values) else None
+            )
+        rows.append(row)
+    return rows
 
 
 def _goodput_line(decision_id: str, g: dict[str, Any]) -> str:
