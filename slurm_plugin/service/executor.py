@@ -436,10 +436,17 @@ class Executor:
         return "verified" if shown == wanted else "failed"
 
     def drain(
-        self, decision_id: str, node: str, reason: str, record: dict[str, object] | None = None
+        self,
+        decision_id: str,
+        node: str,
+        reason: str,
+        record: dict[str, object] | None = None,
+        *,
+        persistent: bool = False,
     ) -> str:
-        """Drain ``node`` with our reason, read back from Slurm (service/node_actions.py)."""
-        return self.nodes.drain(decision_id, node, reason, record)
+        """Drain ``node`` with our reason, read back from Slurm (service/node_actions.py); a
+        ``persistent`` straggler's is refused by the prolog from before the call."""
+        return self.nodes.drain(decision_id, node, reason, record, persistent=persistent)
 
     def resume_ours(self, node: str, reason: str, decision_id: str) -> bool:
         """Resume ``node`` only when its drain reason is ours; True when Slurm shows it."""

@@ -8,6 +8,12 @@ checked again every cycle, becoming ``verified`` if the drain landed after all, 
 ``abandoned`` once ``unknown_grace_s`` have passed without it. A call Slurm refused, or that
 it answered without the node changing, is ``failed``. A resume is the same, read back as the
 node no longer draining (24.11 keeps the old Reason for 20 s or more: the state flags count).
+
+A persistent straggler's drain also asks the prolog to refuse the node, and asks it before
+the call: a drain that lands but times out, or one the service never sent (it stopped between
+the plan and the call), still keeps the node out of jobs if an admin resumes it, until the
+node is forgiven. Such a drain that never landed is not abandoned on recovery while the
+refusal stands: it is sent again.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ from slurm_plugin.slurm.scheduler import Scheduler
 from slurm_plugin.store.decision import DecisionRecord
 
 log = structlog.get_logger(__name__)
+
+#: The ``kind`` of a persistent straggler's drain decision.
+PERSISTENT = "persistent"
 
 
 class NodeActions:
@@ -46,9 +55,16 @@ class NodeActions:
         self.deployment = deployment
 
     def drain(
-        self, decision_id: str, node: str, reason: str, record: Mapping[str, object] | None = None
+        self,
+        decision_id: str,
+        node: str,
+        reason: str,
+        record: Mapping[str, object] | None = None,
+        *,
+        persistent: bool = False,
     ) -> str:
-        """Drain ``node`` with our reason (persisted first); the decision's state."""
+        """Drain ``node`` with our reason (persisted first; for a ``persistent`` straggler
+        the prolog's refusal too); the decision's state."""
         self.state.save_decision(
             decision_id,
             {
@@ -58,8 +74,11 @@ class NodeActions:
                 "node": node,
                 "reason": reason,
                 "planned_at": f"{self.clock():.3f}",
+                **({"kind": PERSISTENT} if persistent else {}),
             },
         )
+        if persistent:
+            self.state.refuse(node, decision_id, reason)
         return self._act(decision_id, "drain", node, lambda: self.slurm.drain(node, reason))
 
     def resume(self, node: str, reason: str, decision_id: str) -> bool:
@@ -82,9 +101,29 @@ class NodeActions:
         )
 
     def recover(self, rec: DecisionRecord) -> str:
-        """Finish an open drain or resume from what Slurm shows now."""
+        """Finish an open drain or resume from what Slurm shows now; a persistent straggler's
+        drain that never landed is sent again while its refusal stands."""
         planned_at = rec.planned_at if rec.planned_at is not None else self.clock()
-        return self._check(rec.id, rec.action or "", rec.node or "", planned_at)
+        node, reason = rec.node or "", rec.reason or ""
+        again = rec.action == "drain" and rec.kind == PERSISTENT and self._refused_by(node, rec.id)
+        outcome = self._check(rec.id, rec.action or "", node, planned_at, give_up=not again)
+        if outcome != "overdue":
+            return outcome
+        log.warning("executor.drain_sent_again", decision_id=rec.id, node=node)
+        self.state.save_decision(
+            rec.id,
+            {
+                "planned_at": f"{self.clock():.3f}",
+                "note": "the drain never landed (stopped before the call, or no answer): sent "
+                "again, the node's refusal standing",
+            },
+        )
+        return self._act(rec.id, "drain", node, lambda: self.slurm.drain(node, reason))
+
+    def _refused_by(self, node: str, decision_id: str) -> bool:
+        """True while ``node``'s prolog refusal is this decision's (not forgiven since)."""
+        refusal = self.state.refusal(node)
+        return refusal is not None and refusal.get("decision_id") == decision_id
 
     def _act(self, decision_id: str, action: str, node: str, call: Callable[[], None]) -> str:
         planned_at = self.clock()
@@ -102,8 +141,18 @@ class NodeActions:
         return self._check(decision_id, action, node, planned_at, answered=True)
 
     def _check(
-        self, decision_id: str, action: str, node: str, planned_at: float, answered: bool = False
+        self,
+        decision_id: str,
+        action: str,
+        node: str,
+        planned_at: float,
+        answered: bool = False,
+        *,
+        give_up: bool = True,
     ) -> str:
+        """The action's outcome as Slurm shows it: verified, failed, pending (may still land),
+        abandoned (never landed, unanswered) or, without ``give_up``, overdue (the same,
+        left for the caller to finish)."""
         try:
             info = next((n for n in self.slurm.nodes() if n.name == node), None)
         except SlurmError as exc:  # Slurm away: the next cycle reads it back
@@ -119,6 +168,8 @@ class NodeActions:
             return "verified"
         if not answered and self.clock() - planned_at < self.unknown_grace_s:
             return "pending"  # a call that timed out may still land
+        if not answered and not give_up:
+            return "overdue"
         final = "failed" if answered else "abandoned"
         self.state.save_decision(
             decision_id,

@@ -125,11 +125,9 @@ class NodeRails:
             decision_id,
             self.executor.deployment or "",
         )
-        if (
-            self.executor.drain(decision_id, event.node, reason, {"job_id": job.job_id})
-            == "verified"
-        ):
-            self.state.refuse(event.node, decision_id, reason)
+        self.executor.drain(
+            decision_id, event.node, reason, {"job_id": job.job_id}, persistent=True
+        )
 
     def explain_prolog_drains(self, nodes: tuple[NodeInfo, ...]) -> None:
         """Nodes Slurm drained because our prolog failed get the prolog's finding as reason,

@@ -247,6 +247,10 @@ def test_scontrol_timing_out_leaves_no_job_held(
     assert any("timed out" in n for n in notes), notes
 
 
+@pytest.mark.parametrize(
+    ("match", "word"),
+    [("requeuehold", "requeuehold"), ("ExcNodeList", "update"), ("release", "release")],
+)
 def test_slurmctld_restarted_during_an_eviction(
     cluster: DevCluster,
     slurm: Slurm,
@@ -254,28 +258,32 @@ def test_slurmctld_restarted_during_an_eviction(
     state: ServiceState,
     services: Services,
     faults: Faults,
+    match: str,
+    word: str,
 ) -> None:
-    """slurmctld is stopped right after the requeuehold (as a restart does: SIGTERM, state
-    saved) and comes back seconds later; exclusion and release wait for it."""
+    """slurmctld is stopped right after a step of the eviction (as a restart does: SIGTERM,
+    state saved) and comes back seconds later; the steps after it wait for it."""
     pidfile = cluster.base / "run" / "slurmctld.pid"
     assert pidfile.exists(), pidfile
     stop = (
         f'pid="$(cat {pidfile})"; kill "$pid"; while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done'
     )
-    faults.arm("requeuehold", "after", stop)
+    faults.arm(match, "after", stop)
     service = services.start()
     job = _submit(slurm, job_dir, "evict")
     try:
         wait_for(lambda: faults.fired, 90, "slurmctld to be killed")
         # The observable event: the service's next Slurm call, made to the dead controller (an
         # outage far longer than that drains the job's nodes with "Kill task failed").
-        wait_for(
-            lambda: faults.calls_after("requeuehold") >= 1, 30, "a call to the dead controller"
-        )
+        wait_for(lambda: faults.calls_after(word) >= 1, 30, "a call to the dead controller")
     finally:  # never leave the next tests without a controller (nor this job running)
         cluster.up()
     assert_clean_outcome(slurm, state, job, faults)
     assert service.poll() is None, "the service died"
+    # Issue 38, item 8: the audit says what Slurm did: the eviction it carried out is
+    # verified, never failed.
+    evictions = [d for d in state.job_decisions(job) if d.get("action") == "evict"]
+    assert [d.get("state") for d in evictions] == ["verified"], evictions
 
 
 AOF = ("--appendonly", "yes", "--appendfsync", "always")

@@ -318,3 +318,47 @@ def test_an_eviction_whose_mark_did_not_land_says_so_in_its_own_record(
     assert eviction["state"] == "verified", eviction
     first = next(row for row in loop.state.audit() if row["id"] == eviction["id"])
     assert (first.get("state"), first.get("job_id")) == ("planned", "5"), first
+
+
+@pytest.mark.parametrize("effect", ["lands", "lost"])
+def test_a_persistent_drain_is_refused_from_the_plan_and_finished_on_recovery(
+    setup: tuple[Executor, Flaky, ServiceState, FakeClock], effect: str
+) -> None:
+    """Issue 38, item 8: a persistent straggler's drain that landed but timed out got no
+    prolog refusal (a plain RESUME put the node back in service), and one the service never
+    sent (killed between plan and call, or lost) was closed `abandoned` with the node never
+    drained. The refusal is written with the plan; a drain that never landed is sent again on
+    recovery while the refusal stands, and verified from what Slurm shows."""
+    executor, slurm, state, clock = setup
+    slurm.effect["drain"] = effect
+    decision_id = marks.new_decision_id()
+    reason = _reason(decision_id)
+    assert executor.drain(decision_id, "node3", reason, persistent=True) == "pending"
+    refusal = state.refusal("node3")
+    assert refusal is not None
+    assert refusal["decision_id"] == decision_id
+    clock.advance(GRACE + 1)
+    executor.recover()
+    decision = state.decision(decision_id)
+    assert decision["state"] == "verified", decision
+    assert slurm.node_table["node3"].drained
+    drains = [c for c in slurm.calls if c[0] == "drain"]
+    assert len(drains) == (1 if effect == "lands" else 2), slurm.calls
+    assert not state.open_decisions()
+
+
+def test_a_drain_whose_refusal_was_forgiven_is_not_sent_again(
+    setup: tuple[Executor, Flaky, ServiceState, FakeClock],
+) -> None:
+    """An admin forgave the node while its drain's outcome was unknown: recovery closes the
+    decision `abandoned` and never drains the node."""
+    executor, slurm, state, clock = setup
+    slurm.effect["drain"] = "lost"
+    decision_id = marks.new_decision_id()
+    assert executor.drain(decision_id, "node3", _reason(decision_id), persistent=True) == "pending"
+    state.withdraw_refusal("node3")
+    clock.advance(GRACE + 1)
+    executor.recover()
+    assert state.decision(decision_id)["state"] == "abandoned"
+    assert not slurm.node_table["node3"].drained
+    assert len([c for c in slurm.calls if c[0] == "drain"]) == 1
