@@ -20,7 +20,7 @@ from slurm_plugin import StepReporter
 from slurm_plugin.cli.main import cli
 from slurm_plugin.model import keys
 from slurm_plugin.store.telemetry_store import TelemetryStore, connect
-from slurm_plugin.telemetry import reporter as reporter_module
+from slurm_plugin.telemetry import timers as timers_module
 from tests.integration.conftest import RedisServer, Slurm, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,7 +68,7 @@ def test_round_trip_from_several_processes(redis_url: str) -> None:
 
 
 class _Ticks:
-    """The reporter's ``time`` with a ``perf_counter`` the test moves (no sleep to race the
+    """The step timers' ``time`` with a ``perf_counter`` the test moves (no sleep to race the
     machine's load); every other function is the real one."""
 
     def __init__(self) -> None:
@@ -85,7 +85,7 @@ def test_timing_helpers_and_events(redis_url: str, monkeypatch: pytest.MonkeyPat
     """`with rep.step()` / `rep.phase()` measure the phases (and the step around them, what
     happens between phases included); events land in the events stream."""
     ticks = _Ticks()
-    monkeypatch.setattr(reporter_module, "time", ticks)
+    monkeypatch.setattr(timers_module, "time", ticks)
     store = TelemetryStore(connect(redis_url))
     with StepReporter("78", 0, "node1", store_factory=lambda: store, flush_interval_s=0.1) as rep:
         for step in range(3):
