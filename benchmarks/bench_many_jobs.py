@@ -1,7 +1,8 @@
 """Service cycle time with many concurrent jobs: N jobs of 8 ranks at 1 step/s (default 2,000).
 
 ``--relayed``: each node's ranks publish through the node relay (one entry per node and flush
-instead of one per rank); "detection waited": the longest any job's records waited for
+instead of one per rank); "records/s": the records read per second of the cycles' own time
+(what one instance can take in); "detection waited": the longest any job's records waited for
 detection (the cycle gives detection a share of the interval, the longest-waiting first).
 
 The real Service, its state and telemetry store on a real Redis; Slurm is
@@ -116,6 +117,7 @@ def main() -> None:
                 "cycle p50",
                 "cycle p95",
                 "cycle max",
+                "records/s",
                 "detection waited (max)",
             ],
             rows,
@@ -155,6 +157,7 @@ def run(url: str, count: int, cycles: int, relayed: bool) -> list[object]:
         f"{statistics.median(durations) * 1000:.0f} ms",
         f"{p95 * 1000:.0f} ms",
         f"{durations[-1] * 1000:.0f} ms",
+        f"{sum(records) / sum(durations):,.0f}",
         f"{max(float(h.get('detection_wait_s', 0)) for h in waited):.0f} s",
     ]
 

@@ -10,7 +10,7 @@ from statistics import NormalDist
 import numpy as np
 
 from slurm_plugin.detection.params import F64
-from slurm_plugin.detection.stats import MAD_TO_SIGMA, row_mad, row_median
+from slurm_plugin.detection.stats import MAD_TO_SIGMA, median_last, row_mad, row_median
 
 #: Fewest other ranks with a level to compare with (fewer: no bar, the event says None).
 MIN_REFERENCE_RANKS = 4
@@ -132,8 +132,8 @@ def level_spread(level: F64, order: np.ndarray, starts: np.ndarray) -> F64:
         # Nodes of equal size (the usual): one vectorised median per row and node.
         grid = ordered.reshape(rows, len(sizes), int(sizes[0]))
         with np.errstate(invalid="ignore"):
-            med = np.median(grid, axis=2, keepdims=True)
-            mad = np.median(np.abs(grid - med), axis=2) * MAD_TO_SIGMA
+            med = median_last(grid)[..., None]
+            mad = median_last(np.abs(grid - med)) * MAD_TO_SIGMA
         return row_median(mad)
     spreads = [row_mad(ordered[:, lo:hi]) for lo, hi in itertools.pairwise(bounds) if hi - lo >= 2]
     if not spreads or not rows:

@@ -29,10 +29,10 @@ from slurm_plugin.detection.attribution import (
     transfer_excess,
 )
 from slurm_plugin.detection.block import MAX_ROWS, Block, what_if
-from slurm_plugin.detection.charts import CAP, END_ARL, bank, node_references
+from slurm_plugin.detection.charts import CAP, References, bank, references
 from slurm_plugin.detection.episodes import Episodes
 from slurm_plugin.detection.events import Event, StragglerEvent, SyncStallEvent
-from slurm_plugin.detection.params import F64, DetectionParams, cusum_thresholds
+from slurm_plugin.detection.params import F64, DetectionParams
 from slurm_plugin.detection.recheck import tail_slowdown_pct
 from slurm_plugin.detection.stats import (
     MAD_TO_SIGMA,
@@ -240,15 +240,7 @@ class JobDetector:
         # policy's 40 % minimum on ranks with 1 % noise would never see a node 2x slow).
         k_base = np.clip(0.5 * p.min_slowdown_pct / 100.0 / spread, 0.1, 0.5 * p.clip)
         k_base = np.where(live, k_base, 1.0)
-        arl = p.false_alarm_arl * p.charts
-        ks = [k_base * 2.0**i for i in range(p.charts)]
-        hs = [cusum_thresholds(k, arl) for k in ks]
-
-        # A chart raises an alarm only on a step its rank (or a rank of its node) measured: a
-        # rank gone silent while its chart is high is not reported with nothing to show.
-        rank_hit = bank(z, ks, hs, live, self._rank_s)
-        rank_hit = np.where(np.isfinite(c), rank_hit, 0.0)
-        node_hit, ended = self._node_charts(z, c, ks, live, arl)
+        rank_hit, node_hit, ended = self._charts(z, c, k_base, live)
 
         med_d = row_median(b.data)
         excess_c = (c - med_c[:, None]) / med_c[:, None]
@@ -310,33 +302,46 @@ class JobDetector:
         return level, spread, age / self.params.level_halflife_steps
 
     # -- CUSUM banks -------------------------------------------------------------------------
-    def _node_charts(
-        self, z: F64, c: F64, ks: list[F64], live: np.ndarray, arl: float
-    ) -> tuple[F64, dict[str, np.ndarray]]:
-        """The node charts' S/h per row and node (0 where no rank of the node measured), and
-        whether each rank's and node's slowdown, if any, has ended (:meth:`_ended`)."""
+    def _charts(
+        self, z: F64, c: F64, k_base: F64, live: np.ndarray
+    ) -> tuple[F64, F64, dict[str, np.ndarray]]:
+        """Every chart over the block: per row, the ranks' and the nodes' largest S/h (0 where
+        none of its ranks measured the step), and whether each rank's and node's slowdown,
+        if any, has ended (:meth:`_ended`)."""
+        p = self.params
+        arl = p.false_alarm_arl * p.charts
+        ks = [k_base * 2.0**i for i in range(p.charts)]
         node_z, node_measured, node_n = self._node_scores(z, c)
-        node_ks, node_hs = node_references(ks, node_n, arl)
-        node_hit = bank(node_z, node_ks, node_hs, live, self._node_s)
-        end_k, end_h = node_references(ks[:1], node_n, END_ARL)
-        ended = self._ended(z, ks[0], node_z, end_k[0], end_h[0], live)
-        return np.where(node_measured, node_hit, 0.0), ended
+        refs = references(ks, node_n, arl)
+        # A chart raises an alarm only on a step its rank (or a rank of its node) measured: a
+        # rank gone silent while its chart is high is not reported with nothing to show.
+        rank_hit = bank(z, ks, refs.rank_h, live, self._rank_s)
+        rank_hit = np.where(np.isfinite(c), rank_hit, 0.0)
+        node_hit = bank(node_z, refs.node_k, refs.node_h, live, self._node_s)
+        node_hit = np.where(node_measured, node_hit, 0.0)
+        return rank_hit, node_hit, self._ended(z, ks[0], node_z, refs, live)
 
     def _ended(
-        self, z: F64, k: F64, node_z: F64, node_k: F64, node_h: F64, live: np.ndarray
+        self, z: F64, k: F64, node_z: F64, refs: References, live: np.ndarray
     ) -> dict[str, np.ndarray]:
         """Per row and rank, and per row and node: back under half the smallest slowdown
         worth acting on. Downward CUSUMs (increments k - z-score) against a threshold
         for ``END_ARL``: a shift that ended is seen as over within about h/k steps, however
         long it lasted, where the alarm charts, holding evidence up to their cap, drain for
         much longer in noisy jobs."""
-        h = cusum_thresholds(k, END_ARL)[:, None]
+        h = refs.end_h[:, None]
+        node_k, node_h = refs.end_node_k, refs.end_node_h
         # Capped at twice the threshold: one noisy step of a healthy rank never makes the
-        # node look slow again.
-        d = cusum(np.where(live[:, None], k[:, None] - z, 0.0), self._end_rank, CAP * h)
-        dn = cusum(np.where(live[:, None], node_k - node_z, 0.0), self._end_node, CAP * node_h)
+        # node look slow again. Ranks and nodes side by side, as columns of one CUSUM.
+        ranks = z.shape[1]
+        both = cusum(
+            np.where(live[:, None], np.hstack([k[:, None] - z, node_k - node_z]), 0.0),
+            np.concatenate([self._end_rank, self._end_node]),
+            CAP * np.hstack([np.broadcast_to(h, z.shape), node_h]),
+        )
+        d, dn = both[:, :ranks], both[:, ranks:]
         if len(d):
-            self._end_rank, self._end_node = d[-1], dn[-1]
+            self._end_rank, self._end_node = d[-1].copy(), dn[-1].copy()
         return {
             "compute:rank": d >= h * (1.0 - 1e-9),
             "compute:node": dn >= node_h * (1.0 - 1e-9),

@@ -109,9 +109,10 @@ def cusum_delay(k: float, h: float, shift: float) -> float:
     return (math.exp(-x) + x - 1.0) / (2.0 * delta * delta)
 
 
-def cusum_thresholds(k: F64, arl: float) -> F64:
-    """The thresholds h whose in-control ARL (Siegmund) equals ``arl`` for each reference in
-    ``k``: the one solver, for the detector's charts and the benchmarks alike."""
+def cusum_thresholds(k: F64, arl: float | F64) -> F64:
+    """The thresholds h whose in-control ARL (Siegmund) equals ``arl`` (one, or one per
+    reference) for each reference in ``k``: the one solver, for the detector's charts and the
+    benchmarks alike."""
     # Solve e^x - x - 1 = 2 k^2 arl for x = 2 k b by fixed-point iteration (converges in a few
     # steps because arl is large), then h = b - 1.166.
     k = np.asarray(k, dtype=np.float64)

@@ -30,6 +30,16 @@ def row_median(values: F64) -> F64:
     return out
 
 
+def median_last(values: F64) -> F64:
+    """The median along the last axis, NaN where that axis holds a NaN (as ``np.median``):
+    one sort, several times faster than ``np.median`` on the small groups the detector has."""
+    n = values.shape[-1]
+    ordered = np.sort(values, axis=-1)  # NaN sorts last
+    out: F64 = (ordered[..., (n - 1) // 2] + ordered[..., n // 2]) / 2
+    out[np.isnan(ordered[..., -1])] = np.nan
+    return out
+
+
 def row_mad(values: F64) -> F64:
     """Per row, 1.4826 x the median absolute deviation from the row's median (a robust
     standard deviation; NaN ignored, NaN for rows without data)."""

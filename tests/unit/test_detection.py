@@ -524,3 +524,40 @@ def test_the_transfer_excess_counts_only_the_nodes_late_steps() -> None:
     excess = transfer_excess(comm, node, 0.05)
     assert excess is not None
     assert excess.tolist() == pytest.approx([0.05, 0.0, 0.25])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**31),
+    rows=st.integers(0, 25),
+    cols=st.integers(1, 9),
+    per_cell=st.booleans(),
+)
+def test_charts_run_side_by_side_give_what_each_gives_alone(
+    seed: int, rows: int, cols: int, per_cell: bool
+) -> None:
+    """A bank runs its charts as columns of one CUSUM (one call, not one per chart, for the
+    cost of many small jobs); each chart's evidence and state are what it has run alone, and
+    the row medians the level spread takes are numpy's."""
+    from slurm_plugin.detection.charts import bank  # noqa: PLC0415
+    from slurm_plugin.detection.stats import median_last  # noqa: PLC0415
+
+    rng = np.random.default_rng(seed)
+    scores = rng.standard_normal((rows, cols)) * 2 + rng.random() * 3
+    shape = (rows, cols) if per_cell else (rows,)
+    ks = [rng.random(shape) * 2.0**i for i in range(4)]
+    hs = [rng.random(shape) * 5 for _ in range(4)]
+    live = rng.random(rows) < 0.8
+    start = rng.random((4, cols)) * 3
+    together_state = start.copy()
+    together = bank(scores, ks, hs, live, together_state)
+    alone = np.zeros_like(scores)
+    for i in range(4):
+        state = start[i : i + 1].copy()
+        alone = np.maximum(alone, bank(scores, ks[i : i + 1], hs[i : i + 1], live, state))
+        np.testing.assert_allclose(together_state[i], state[0])
+    np.testing.assert_allclose(together, alone)
+    grid = scores.reshape(rows, 1, cols)
+    if rows:
+        grid[0, 0, 0] = np.nan
+    np.testing.assert_allclose(median_last(grid), np.median(grid, axis=2), equal_nan=True)
