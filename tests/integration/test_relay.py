@@ -196,18 +196,25 @@ def test_a_flush_sent_again_after_a_missed_answer_is_stored_once(
     assert (relay.repeats, repeats) == (1, 0)
 
 
-def test_connections_are_bounded_and_forgotten_when_they_close(
-    private_redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(relay_peers, "MAX_PER_JOB", 3)
+def _started_relay(server: RedisServer, directory: Path) -> Relay:
+    """A started relay on node0 that takes every connecting process for one of JOB's, ticking
+    every 0.1 s."""
     relay = Relay(
-        TelemetryStore(connect(private_redis.url)),
+        TelemetryStore(connect(server.url)),
         "node0",
-        tmp_path / "r.sock",
+        directory / "r.sock",
         tick_s=0.1,
         job_of=lambda _pid: JOB,
     )
     relay.start()
+    return relay
+
+
+def test_connections_are_bounded_and_forgotten_when_they_close(
+    private_redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(relay_peers, "MAX_PER_JOB", 3)
+    relay = _started_relay(private_redis, tmp_path)
     steps = [(1, 1.0, 1.0, 0.5, None, None)]
 
     def publish(client: RelayClient, rank: int) -> None:
@@ -530,14 +537,7 @@ def test_a_line_nested_too_deep_is_refused_and_the_connection_serves_on(
     """Issue 38, item 9: a 100,000-deep JSON line raised RecursionError in the relay's
     connection thread (a traceback, the connection gone, nothing counted). It is refused and
     counted like any bad message, and the next flush on the same connection is stored."""
-    relay = Relay(
-        TelemetryStore(connect(private_redis.url)),
-        "node0",
-        tmp_path / "r.sock",
-        tick_s=0.1,
-        job_of=lambda _pid: JOB,
-    )
-    relay.start()
+    relay = _started_relay(private_redis, tmp_path)
     conn = socket.socket(socket.AF_UNIX)
     try:
         conn.connect(str(relay.socket_path))
