@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from slurm_plugin.detection.events import StragglerEvent
 from slurm_plugin.model.cluster import JobInfo, NodeInfo
+from slurm_plugin.policy.durations import Passing
 from slurm_plugin.policy.rails import SafetyPolicy
 from slurm_plugin.policy.schema import Policy
 
@@ -107,19 +108,10 @@ class Goodput:
     checkpoint_wait_s: float
 
 
-def _on(lasted: float, scale: float) -> float:
-    """The chance that a passing slowdown is still on after ``lasted`` seconds. Passing
-    slowdowns have heavy-tailed lengths (Pareto II, shape 1, scale ``transient_s``): half
-    pass within ``transient_s``, and one that has lasted L is as likely as not to last
-    another L + ``transient_s`` (bursts of seconds, fail-slow episodes of an hour)."""
-    return scale / (scale + lasted)
-
-
-def _passing_left(lasted: float, horizon: float, scale: float) -> float:
-    """How much longer a passing slowdown still on after ``lasted`` is expected to go on,
-    within ``horizon`` seconds: the integral of its survival, (s + L) ln(1 + H / (s + L))."""
-    age = scale + lasted
-    return age * math.log1p(max(0.0, horizon) / age)
+def passing(policy: Policy) -> Passing:
+    """The policy's lengths of slowdowns that pass by themselves (:mod:`.durations`)."""
+    actions = policy.actions
+    return Passing(actions.transient_s, actions.episode_s, actions.episode_share)
 
 
 def outlook(
@@ -134,36 +126,13 @@ def outlook(
     remaining, source = job_remaining(job, policy, now)
     lasted = max(0.0, now - event.since_ts) if event.since_ts is not None else 0.0
     prior = 1.0 - (1.0 - actions.persistent_prior) / (1.0 + max(0, ctx.node_incidents))
-    on = _on(lasted, actions.transient_s)
-    lasting = prior / (prior + (1.0 - prior) * on)
-    passing = _passing_left(lasted, remaining, actions.transient_s)
-    expected = lasting * remaining + (1.0 - lasting) * passing
-    sure = _sure_at(prior, actions.min_lasting_p, actions.transient_s)
-    square = lasting * remaining**2 + (1.0 - lasting) * _passing_square(
-        lasted, remaining, actions.transient_s
-    )
+    lengths = passing(policy)
+    lasting = prior / (prior + (1.0 - prior) * lengths.on(lasted))
+    expected = lasting * remaining + (1.0 - lasting) * lengths.left(lasted, remaining)
+    sure = lengths.sure_at(prior, actions.min_lasting_p)
+    square = lasting * remaining**2 + (1.0 - lasting) * lengths.square(lasted, remaining)
     sd = math.sqrt(max(0.0, square - expected**2))
     return Outlook(lasted, expected, lasting, remaining, source, max(0.0, sure - lasted), sd)
-
-
-def _passing_square(lasted: float, horizon: float, scale: float) -> float:
-    """The mean square of how much longer a passing slowdown still on after ``lasted`` goes
-    on, within ``horizon``: the integral of 2 t times its survival,
-    2 (s + L) (H - (s + L) ln(1 + H / (s + L)))."""
-    age = scale + lasted
-    horizon = max(0.0, horizon)
-    return 2.0 * age * (horizon - age * math.log1p(horizon / age))
-
-
-def _sure_at(prior: float, wanted: float, scale: float) -> float:
-    """The age at which a slowdown is ``wanted`` likely to last: where the passing kind's
-    chance of still being on, :func:`_on`, falls to ``prior (1 - wanted) / (wanted (1 -
-    prior))``."""
-    if wanted <= prior:
-        return 0.0
-    if wanted >= 1.0:
-        return math.inf
-    return scale * (wanted * (1.0 - prior) / (prior * (1.0 - wanted)) - 1.0)
 
 
 def _not_sure_yet(
@@ -175,12 +144,10 @@ def _not_sure_yet(
     done meanwhile that a later requeue loses; evicting now wastes the requeue if the
     slowdown would have passed within it. While the second is larger, wait and decide again
     at the node's next report."""
-    scale = policy.actions.transient_s
-    window = min(scale + ahead.lasted_s, ahead.remaining_s)
-    age = scale + ahead.lasted_s
-    ends = window / (age + window)  # a passing one still on ends within the window
-    passes = (1.0 - ahead.lasting_p) * ends
-    waiting = gain.share_pct / 100.0 * _slow_within(ahead, window, scale)
+    lengths = passing(policy)
+    window = min(policy.actions.transient_s + ahead.lasted_s, ahead.remaining_s)
+    passes = (1.0 - ahead.lasting_p) * lengths.ends_within(ahead.lasted_s, window)
+    waiting = gain.share_pct / 100.0 * _slow_within(ahead, window, lengths)
     waiting += (1.0 - passes) * _more_lost_work(gain, job, ctx, policy, now + window)
     if gain.cost_s * passes <= waiting:
         return None
@@ -190,10 +157,10 @@ def _not_sure_yet(
     )
 
 
-def _slow_within(ahead: Outlook, window: float, scale: float) -> float:
+def _slow_within(ahead: Outlook, window: float, lengths: Passing) -> float:
     """How long the slowdown is expected to stay on within the next ``window`` seconds."""
     lasting = ahead.lasting_p
-    return lasting * window + (1.0 - lasting) * _passing_left(ahead.lasted_s, window, scale)
+    return lasting * window + (1.0 - lasting) * lengths.left(ahead.lasted_s, window)
 
 
 def _doubt_costs_more(ahead: Outlook, gain: Goodput, policy: Policy) -> bool:
@@ -201,7 +168,7 @@ def _doubt_costs_more(ahead: Outlook, gain: Goodput, policy: Policy) -> bool:
     average, more than ``doubt_requeues`` requeues (the node's share of the job's time over
     the part of that wait it is expected to stay on)."""
     wait = min(ahead.sure_in_s, ahead.remaining_s)
-    slow = _slow_within(ahead, wait, policy.actions.transient_s)
+    slow = _slow_within(ahead, wait, passing(policy))
     return gain.share_pct / 100.0 * slow > policy.actions.doubt_requeues * gain.cost_s
 
 

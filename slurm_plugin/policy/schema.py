@@ -142,6 +142,21 @@ class ActionPolicy(Strict):
         "daemon, a checkpoint writer), s. A slowdown that has lasted a few times this long is "
         "taken for one that lasts; a younger one is expected to pass (goodput rule).",
     )
+    episode_s: float = Field(
+        0.0,
+        ge=0,
+        le=7 * 86400,
+        description="Median length of a fail-slow episode (a GPU throttling, a congested link, "
+        "a noisy neighbour: tens of minutes, then it ends by itself), s. 0: no such kind, a "
+        "slowdown that outlived transient_s is taken for one that lasts.",
+    )
+    episode_share: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Share of the slowdowns that pass by themselves which are fail-slow "
+        "episodes (episode_s) rather than bursts (transient_s).",
+    )
     persistent_prior: float = Field(
         0.05,
         gt=0,
