@@ -51,8 +51,7 @@ class Passing:
         A = scale + L)."""
         horizon = max(0.0, horizon)
         return sum(
-            w * (s + lasted) * math.log1p(horizon / (s + lasted))
-            for w, s in self._given_on(lasted)
+            w * (s + lasted) * math.log1p(horizon / (s + lasted)) for w, s in self._given_on(lasted)
         )
 
     def square(self, lasted: float, horizon: float) -> float:
