@@ -163,6 +163,8 @@ class FakeScheduler:
             restarts=job.restarts + 1,
             # Slurm moves the submit time on a requeue (to the requeue's time).
             submit_time=None if job.submit_time is None else job.submit_time + 60.0,
+            # From 25.11 each run has its own unique id: a requeue starts a new one.
+            sluid=None if job.sluid is None else f"{job.sluid[:-2]}{job.restarts + 1:02d}",
         )
 
     def hold_reason(self, job_id: str) -> str:

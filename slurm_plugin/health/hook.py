@@ -30,6 +30,7 @@ from slurm_plugin.health.checks import (
 )
 from slurm_plugin.health.fabric import count_hcas, read_ports
 from slurm_plugin.health.kmsg import new_xids, pci_key
+from slurm_plugin.model.cluster import valid_sluid
 from slurm_plugin.probes.gpu import GpuSample, NvmlProbe, NvmlUnavailableError
 
 log = structlog.get_logger(__name__)
@@ -266,6 +267,7 @@ def _registration(env: Mapping[str, str]) -> Any:
         nodes=env.get("SLURM_NODELIST", ""),
         user=env.get("SLURM_JOB_USER", ""),
         attempt=env.get("SLURM_RESTART_COUNT", "0"),
+        run=valid_sluid(env.get("SLURM_JOB_SLUID")) or "",
         registered_at=f"{time.time():.3f}",
         options={
             key: env[f"SPANK_STRAGGLER_{key.upper()}"]
@@ -288,7 +290,11 @@ def _issue_credential(
         result.problems.append("SLURM_JOB_UID/GID missing: no job credential issued")
         return
     try:
-        password = credentials.issue(client, result.job_id, owner=str(uid))
+        # Bound to the job's user and, where Slurm names it (25.11 on), to this run: a later
+        # job given the same id, of the same user too, never gets this password.
+        run = valid_sluid(env.get("SLURM_JOB_SLUID"))
+        owner = f"{uid}/{run}" if run else str(uid)
+        password = credentials.issue(client, result.job_id, owner=owner)
     except Exception as exc:  # noqa: BLE001 - e.g. the admin user lacks +acl: the job runs
         result.problems.append(f"cannot issue the job's Redis credential: {exc}")
         return

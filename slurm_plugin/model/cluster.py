@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 #: A job's ranks are believed only below this many per node of the job (a job's user could
@@ -42,6 +43,9 @@ class JobInfo:
     #: restart): with the user and ``restarts``, what tells this job from a later one that
     #: Slurm gave the same id (service/identity.py).
     submit_time: float | None = None
+    #: Slurm's unique id of this run of the job (SLUID, from 25.11; a requeue gives a new
+    #: one): None where the release has none.
+    sluid: str | None = None
 
     @property
     def running(self) -> bool:
@@ -80,3 +84,12 @@ class NodeInfo:
         return self.state not in {"down", "drained", "fail", "unknown"} and not (
             bad & set(self.flags)
         )
+
+
+#: A SLUID as Slurm writes it: "s" and Crockford base32 (13 characters in 26.05).
+_SLUID = re.compile(r"s[0-9A-Z]{6,30}")
+
+
+def valid_sluid(text: object) -> str | None:
+    """``text`` when it is a SLUID, else None (an older release, or nothing usable)."""
+    return text if isinstance(text, str) and _SLUID.fullmatch(text) else None

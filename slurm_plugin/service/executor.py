@@ -335,7 +335,11 @@ class Executor:
         if rec.job_user is None:
             return False
         known = Known(
-            rec.job_user, rec.job_submit_ts, rec.job_restarts or 0, rec.job_first_submit_ts
+            rec.job_user,
+            rec.job_submit_ts,
+            rec.job_restarts or 0,
+            rec.job_first_submit_ts,
+            rec.job_sluid or None,
         )
         if same_job(known, job):
             return False

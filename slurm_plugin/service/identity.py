@@ -4,11 +4,13 @@ cooldown, cursors, open decisions, node-history incidents) belongs to one job, w
 from a later one with that id by what Slurm says of it, never by text the job controls:
 
 - the job's user;
-- its submit time, which Slurm moves on every requeue, when it also counts a restart.
+- its submit time, which Slurm moves on every requeue, when it also counts a restart;
+- where the release gives one (25.11 on), the run's unique id (SLUID), which a requeue renews.
 
-So a job is the one we know under its id while its user is the same and its submit time is
-the one we saw or it has been requeued since (more restarts than we saw). A job with the same
-id, another user, or another submit time without a restart, is another job.
+So a job is the one we know under its id while its user is the same and its run (SLUID) or
+submit time is the one we saw, or it has been requeued since (more restarts than we saw). A
+job with the same id, another user, or another run or submit time without a restart, is
+another job.
 
 The token (``JOBID.FIRST_SUBMIT``) names the job in node history: two jobs with one id are
 two jobs there.
@@ -44,6 +46,8 @@ class Known:
     submit_ts: float | None
     restarts: int
     first_submit_ts: float | None
+    #: The run's SLUID when the release gives one.
+    sluid: str | None = None
 
     @classmethod
     def of(
@@ -61,6 +65,7 @@ class Known:
             _number(fields.get(f"{prefix}submit_ts")),
             int(_number(fields.get(f"{prefix}restarts")) or 0),
             _number(fields.get(f"{prefix}first_submit_ts")),
+            fields.get(f"{prefix}sluid") or None,
         )
 
 
@@ -68,6 +73,8 @@ def same_job(known: Known, job: JobInfo) -> bool:
     """True when ``job`` is the job ``known`` describes (requeues included)."""
     if known.user and job.user and known.user != job.user:
         return False
+    if known.sluid and job.sluid:  # Slurm names the run: the one we saw, or a requeue since
+        return known.sluid == job.sluid or job.restarts > known.restarts
     if known.submit_ts is None or job.submit_time is None:
         return True  # nothing to tell them apart by: the job we know
     if abs(job.submit_time - known.submit_ts) < _SAME_SECOND:
@@ -85,6 +92,7 @@ def fields_of(job: JobInfo, known: Known | None, prefix: str = "identity_") -> d
         f"{prefix}submit_ts": _text(job.submit_time),
         f"{prefix}restarts": str(job.restarts),
         f"{prefix}first_submit_ts": _text(first),
+        f"{prefix}sluid": job.sluid or "",
     }
 
 

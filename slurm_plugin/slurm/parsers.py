@@ -11,7 +11,7 @@ from typing import Any
 import hostlist
 
 from slurm_plugin.errors import SlurmError
-from slurm_plugin.model.cluster import JobInfo, NodeInfo
+from slurm_plugin.model.cluster import JobInfo, NodeInfo, valid_sluid
 
 # As far as text can tell, a new field starts at a space followed by ``Key=`` where Key is a
 # Slurm field name. Values may contain spaces (Command=, Comment=, Reason=), so splitting on
@@ -137,7 +137,16 @@ def _job(item: dict[str, Any]) -> JobInfo:
         if _number(item.get("priority")) is None
         else int(_number(item.get("priority")) or 0),
         submit_time=submitted if submitted else None,
+        sluid=_sluid(item),
     )
+
+
+def _sluid(item: dict[str, Any]) -> str | None:
+    """The run's SLUID: under ``step_id`` in 26.05's squeue JSON (the job's whole "step"),
+    or at the top where a release puts it there; None before 25.11."""
+    step = item.get("step_id")
+    found = step.get("sluid") if isinstance(step, dict) else None
+    return valid_sluid(found if found is not None else item.get("sluid"))
 
 
 def parse_squeue_json(text: str) -> list[JobInfo]:

@@ -54,6 +54,13 @@ class SlurmRelease:
         return (self.major, self.minor) >= (23, 2)
 
     @property
+    def run_ids(self) -> bool:
+        """Every run of a job has its unique id, SLUID (25.11 on): in ``squeue --json`` and
+        the prolog's and job's environment (``SLURM_JOB_SLUID``); a requeue makes a new run.
+        The parsers read it where a document has it; this says whether one must be there."""
+        return (self.major, self.minor) >= (25, 11)
+
+    @property
     def requeue_delay(self) -> bool:
         """``SchedulerParameters=requeue_delay=SECONDS`` exists (25.11 on): how long a requeued
         job waits before it may start again. Earlier releases wait for the job credential to

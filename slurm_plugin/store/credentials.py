@@ -100,9 +100,10 @@ def issue(client: Any, job_id: str, owner: str = "", ttl_s: int = keys.JOB_TTL_A
     """Create (or re-create, identically) the job's ACL user; return its password.
 
     Idempotent and safe to run on every node of the job at once: they agree on one password.
-    ``owner`` (the job's uid) binds it: a password left from an older job with this id (its
-    epilog never ran, the controller was reinstalled) that another user owned is never handed
-    on; a new one replaces it, and ``reset`` drops the old one from the ACL user.
+    ``owner`` (the job's uid, and ``uid/SLUID`` where Slurm names the run: 25.11 on) binds
+    it: a password left from an older job with this id (its epilog never ran, the controller
+    was reinstalled) that another user owned, or another run, is never handed on; a new one
+    replaces it, and ``reset`` drops the old one from the ACL user.
     """
     if ":" in owner:
         raise TelemetryError(f"job {job_id}: invalid credential owner {owner[:32]!r}")

@@ -16,7 +16,7 @@ Fields, in ``docs/redis-schema.md``:
   ``expected_s``, ``lasting_p``, ``goodput_inputs``, ``node_incidents``, ``policy``,
   ``waiting_for``, ``rechecking_since``, ``after``, ``hardware_evidence``, ``job_reported_gpu``;
 - the job it acted on: ``job_user``, ``job_submit_ts``, ``job_first_submit_ts``,
-  ``job_restarts``, ``restarts_before``;
+  ``job_restarts``, ``job_sluid`` (its run's SLUID, 25.11 on), ``restarts_before``;
 - the action: ``planned_at``, ``held_at``, ``held_ts``, ``released_at``, ``excluded``,
   ``verified``, ``recovered``, ``landed_late``, ``of``, ``annotated``, ``mark_refused``,
   ``reason``, ``note``, ``error``, ``updated_at``;
@@ -86,6 +86,7 @@ class DecisionRecord(BaseModel):
     job_submit_ts: Number = None
     job_first_submit_ts: Number = None
     job_restarts: int | None = None
+    job_sluid: str | None = None
     restarts_before: int | None = None
     # the action
     planned_at: Number = None

@@ -14,7 +14,8 @@ Fields, in ``docs/redis-schema.md``:
 - its decisions: ``policy``, ``evictions``, ``last_eviction_ts``, ``waiting`` (the id of its
   waiting decision, empty when none), ``waiting_since``, ``wait_expired_ts``;
 - whose job it is (service/identity.py): ``identity_user``, ``identity_submit_ts``,
-  ``identity_first_submit_ts``, ``identity_restarts``.
+  ``identity_first_submit_ts``, ``identity_restarts``, ``identity_sluid`` (the run's SLUID,
+  25.11 on; empty before).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class JobState(BaseModel):
     identity_submit_ts: str | None = None
     identity_first_submit_ts: str | None = None
     identity_restarts: str | None = None
+    identity_sluid: str | None = None
     #: ``ignored_<reason>`` counts.
     ignored: dict[str, int] = {}
 

@@ -3,7 +3,8 @@ owned here. Every field name is a constant of this module; the prolog writes thr
 :func:`register` and the service reads through :func:`read_many`.
 
 Fields: ``policy`` (the job's explicit choice, "" for none), ``nodes`` (SLURM_NODELIST),
-``user``, ``attempt`` (SLURM_RESTART_COUNT), ``registered_at`` and, only when the job gave
+``user``, ``attempt`` (SLURM_RESTART_COUNT), ``run`` (SLURM_JOB_SLUID, the run's unique id
+from Slurm 25.11 on; empty before), ``registered_at`` and, only when the job gave
 them, its own options (``sbatch --straggler-*``): ``max_requeues``, ``min_slowdown``,
 ``notify``.
 """
@@ -22,13 +23,14 @@ POLICY = "policy"
 NODES = "nodes"
 USER = "user"
 ATTEMPT = "attempt"
+RUN = "run"
 REGISTERED_AT = "registered_at"
 MAX_REQUEUES = "max_requeues"
 MIN_SLOWDOWN = "min_slowdown"
 NOTIFY = "notify"
 #: The job's own options, as the SPANK plugin names them (``--straggler-max-requeues``...).
 OPTIONS = (MAX_REQUEUES, MIN_SLOWDOWN, NOTIFY)
-FIELDS = (POLICY, NODES, USER, ATTEMPT, REGISTERED_AT, *OPTIONS)
+FIELDS = (POLICY, NODES, USER, ATTEMPT, RUN, REGISTERED_AT, *OPTIONS)
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class Registration:
     user: str = ""
     attempt: str = "0"
     registered_at: str = ""
+    #: The run's SLUID (Slurm 25.11 on; "" before).
+    run: str = ""
     #: The options the job gave, by name (one of ``OPTIONS``); absent ones are not here.
     options: Mapping[str, str] = field(default_factory=dict)
 
@@ -61,6 +65,7 @@ def from_fields(fields: Mapping[Any, Any]) -> Registration:
         user=found.get(USER, ""),
         attempt=found.get(ATTEMPT, "0"),
         registered_at=found.get(REGISTERED_AT, ""),
+        run=found.get(RUN, ""),
         options={k: found[k] for k in OPTIONS if found.get(k)},
     )
 
@@ -82,6 +87,7 @@ def register(client: Any, job_id: str, registration: Registration) -> None:
             NODES: registration.nodes,
             USER: registration.user,
             ATTEMPT: registration.attempt,
+            RUN: registration.run,
             REGISTERED_AT: registration.registered_at,
             **given,
         },

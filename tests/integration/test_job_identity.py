@@ -5,6 +5,7 @@ MaxJobId wrapped): nothing of the old job is used for, or done to, the new one."
 from __future__ import annotations
 
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -98,6 +99,32 @@ def test_a_new_job_with_an_old_id_inherits_nothing(make_loop: Callable[..., Loop
     assert not [e for e in logs if e["event"] == "service.steps_lost"]  # the old entries
 
 
+def test_the_runs_unique_id_tells_a_new_job_apart_where_slurm_gives_one() -> None:
+    """From Slurm 25.11 every run of a job has its SLUID (a requeue gives a new one): the
+    run we saw is the job whatever its submit time reads; another run is the job only after a
+    requeue (more restarts); an id Slurm gave again is another run without one."""
+    clock = FakeClock()
+    job = replace(running_job(clock), submit_time=1000.0, sluid="s8KHM8PARCN500")
+    known = Known.of(fields_of(job, None))
+    assert known is not None
+    assert known.sluid == "s8KHM8PARCN500"
+    assert same_job(known, replace(job, submit_time=1000.7))
+    requeued = replace(job, submit_time=1300.0, restarts=1, sluid="s8KHM8PARFRZ00")
+    assert same_job(known, requeued)
+    # Another job with the id, submitted in the same second: the submit time cannot tell it
+    # apart, its run can.
+    assert not same_job(known, replace(job, sluid="s8KHM8PASPWD00"))
+    later = Known.of(fields_of(requeued, known))
+    assert later is not None
+    assert later.sluid == "s8KHM8PARFRZ00"
+    assert not same_job(later, replace(job, restarts=1, sluid="s8KHM8PAZZZZ00"))
+    # A state written before the upgrade (no run kept) falls back to the submit time.
+    older = Known.of({k: v for k, v in fields_of(job, None).items() if k != "identity_sluid"})
+    assert older is not None
+    assert older.sluid is None
+    assert same_job(older, replace(job, sluid="s8KHM8PASPWD00"))
+
+
 def test_recovery_never_acts_on_another_job_with_the_id(make_loop: Callable[..., Loop]) -> None:
     """Repro: recovery of the old job's half-done eviction set ExcNodeList on an unrelated
     held job with the same id and released its user hold."""
@@ -125,6 +152,41 @@ def test_recovery_never_acts_on_another_job_with_the_id(make_loop: Callable[...,
     assert decision["state"] == "abandoned"
     assert "job id 5 is now another job (user bob" in decision["error"]
     assert not loop.state.open_decisions()
+
+
+def test_recovery_never_acts_on_another_run_of_the_same_user(
+    make_loop: Callable[..., Loop],
+) -> None:
+    """With Slurm's run ids (25.11 on) the user and submit time need not differ: a decision
+    planned on one run whose requeuehold never landed (the service stopped) is abandoned when
+    the id names a run it never saw, of the same user, submitted in the same second, never
+    requeued; that job is never touched."""
+    clock = FakeClock()
+    first = replace(running_job(clock), submit_time=clock() - 700, sluid="s8KHM8PARCN500")
+    slurm = FakeScheduler([first], NODES)
+    loop = make_loop(slurm, clock, "a")
+    timeout = SlurmError("scontrol timed out")
+    timeout.__cause__ = CommandTimeoutError(["scontrol"], 3.0)
+    slurm.fail["requeue_hold"] = timeout
+    for cycle in range(30):
+        publish(loop, slurm.job_table["5"], range(cycle * 10, cycle * 10 + 10), {"node3": 2.0})
+        loop.service.cycle()
+        loop.clock.advance(1)
+        if loop.state.open_decisions():
+            break
+    (open_decision,) = loop.state.open_decisions()
+    assert open_decision["state"] == "planned"
+    assert loop.state.record(open_decision["id"]).job_sluid == "s8KHM8PARCN500"
+    slurm.fail.clear()
+    slurm.job_table["5"] = replace(first, sluid="s8KHM8PASPWD00")  # another job 5 of alice
+    changes = len(slurm.changes)
+    for _ in range(3):
+        loop.service.cycle()
+        clock.advance(1)
+    assert slurm.changes[changes:] == [], slurm.changes[changes:]
+    decision = loop.state.decision(open_decision["id"])
+    assert decision["state"] == "abandoned", decision
+    assert "is now another job" in decision["error"]
 
 
 def _evict_until_held(loop: Loop) -> None:
@@ -223,6 +285,42 @@ def test_a_credential_is_never_handed_to_another_user(private_redis: RedisServer
         old.xadd(keys.job_steps("7"), {"x": "1"})
     new = redis.Redis(port=private_redis.port, username=credentials.username("7"), password=second)
     assert new.xadd(keys.job_steps("7"), {"x": "1"})
+
+
+def test_a_credential_belongs_to_one_run_where_slurm_names_runs(
+    private_redis: RedisServer, tmp_path: Path
+) -> None:
+    """The limit docs/security.md stated: a later job of the *same* user given the same id
+    while the old password's key lives (its epilog never ran) got the same password. From
+    Slurm 25.11 the prolog binds the password to the run (SLURM_JOB_SLUID): every node of one
+    run agrees on one password, another run gets another. Without a run id (older releases)
+    the same user's job still gets the same one."""
+    settings = Settings(
+        redis={"url": private_redis.url},
+        telemetry={"job_credentials": True, "job_credentials_dir": str(tmp_path)},
+    )
+    admin = redis.Redis.from_url(private_redis.url, decode_responses=True)
+
+    def prolog(run: str | None) -> str:
+        env = {"SLURM_JOB_ID": "7", "SLURM_JOB_UID": "1000", "SLURM_JOB_GID": "1000"}
+        env |= {"SLURM_JOB_SLUID": run} if run is not None else {}
+        result = HookResult(node="node1", job_id="7")
+        _redis_prolog(settings, env, result)
+        assert not result.problems, result.problems
+        path = credentials.credential_path("7", tmp_path)
+        with path.open("rb") as handle:
+            return str(tomllib.load(handle)["redis"]["url"])
+
+    first = prolog("s8KHM8PARCN500")
+    assert prolog("s8KHM8PARCN500") == first  # the run's other nodes
+    assert registration.read(admin, "7").run == "s8KHM8PARCN500"
+    second = prolog("s8KHM8PASPWD00")  # the same user's later job 7
+    assert second != first
+    assert str(admin.get(keys.job_credential("7"))).startswith("1000/s8KHM8PASPWD00:")
+    assert prolog("s8KHM8PASPWD00; FLUSHALL") != second  # not a run id: bound to the uid
+    assert registration.read(admin, "7").run == ""
+    older = prolog(None)
+    assert prolog(None) == older  # no run ids: the documented limit stands
 
 
 def test_a_registration_never_lends_an_old_jobs_options(private_redis: RedisServer) -> None:

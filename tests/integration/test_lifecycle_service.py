@@ -94,6 +94,7 @@ DECISION_PATH = (
 FACTS_AND_STATE = (
     "service.policies",
     "policy.loader",
+    "policy.durations",
     "service.identity",
     "service.evidence",
     "service.node_rails",

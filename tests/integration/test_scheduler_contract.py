@@ -13,6 +13,7 @@ from slurm_plugin.config import Settings
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.errors import JobNotFoundError, StragglerError
 from slurm_plugin.model.cluster import HOLD_UNCLEAR, REQUEUE_HELD
+from slurm_plugin.slurm.release import parse_version
 from slurm_plugin.slurm.scheduler import Scheduler, ScontrolScheduler
 from tests.integration.conftest import Slurm, wait_for
 
@@ -46,11 +47,18 @@ def test_jobs_job_and_annotate(scheduler: Scheduler, slurm: Slurm, job_dir: Path
 
 def test_requeue_hold_exclude_release(scheduler: Scheduler, slurm: Slurm, job_dir: Path) -> None:
     """The eviction primitives: held after requeue_hold, exclusions replaced, released; the
-    job's second run is told it is one (SLURM_RESTART_COUNT) and runs without the victim."""
+    job's second run is told it is one (SLURM_RESTART_COUNT) and runs without the victim.
+    Where the release names runs (SLUID, 25.11 on), each run has its own, the same in squeue
+    and in the job's environment; elsewhere none."""
     out = job_dir / "runs.out"
-    script = 'echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_NODELIST" >> ' + str(out) + "; sleep 60"
+    script = (
+        'echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_NODELIST ${SLURM_JOB_SLUID:--}" >> '
+        + str(out)
+        + "; sleep 60"
+    )
     job = slurm.sbatch("-N2", "--requeue", f"--output={job_dir / 'j.log'}", "--wrap", script)
     slurm.wait_job(job, "RUNNING")
+    first_run = scheduler.job(job).sluid
     victim = scheduler.job(job).nodes[0]
     scheduler.requeue_hold(job)
     wait_for(lambda: scheduler.job(job).held, 30, "the job to be held")
@@ -67,6 +75,14 @@ def test_requeue_hold_exclude_release(scheduler: Scheduler, slurm: Slurm, job_di
     first, second = out.read_text().splitlines()
     assert first.startswith("0 ")
     assert second.startswith("1 ")
+    second_run = again.sluid
+    assert [line.split()[-1] for line in (first, second)] == [first_run or "-", second_run or "-"]
+    if parse_version(slurm.run("scontrol", "--version").stdout).run_ids:
+        assert first_run is not None
+        assert second_run is not None
+        assert first_run != second_run
+    else:
+        assert (first_run, second_run) == (None, None)
 
 
 def test_drain_resume_and_errors(scheduler: Scheduler, slurm: Slurm) -> None:

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from slurm_plugin.config import Settings
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.devcluster.cluster import AUTOLOAD_DIR
 from slurm_plugin.service.state import ServiceState
+from slurm_plugin.slurm.release import parse_version
+from slurm_plugin.slurm.scheduler import ScontrolScheduler
 from tests.integration.conftest import Slurm, install_prolog, wait_cycles, wait_for
 
 #: What differs per Slurm release: make test-releases runs it on each.
@@ -105,13 +108,16 @@ def healthy_prolog(cluster: DevCluster, redis_url: str, tmp_path: Path) -> Itera
 
 def test_options_are_registered_and_bound_the_service(
     healthy_prolog: Path,
+    cluster: DevCluster,
     slurm: Slurm,
     job_dir: Path,
     state: ServiceState,
     service: subprocess.Popen[bytes],
 ) -> None:
     """--straggler-policy=evict --straggler-max-requeues=1: registered by the prolog; the
-    service evicts the job once (node3) and not a second time (node2 slow too)."""
+    service evicts the job once (node3) and not a second time (node2 slow too). Each run's
+    SLUID (25.11 on) is registered by its prolog, and the eviction bound to the run it acted
+    on."""
     job = slurm.sbatch(
         "-N3",
         "--ntasks-per-node=2",
@@ -129,6 +135,13 @@ def test_options_are_registered_and_bound_the_service(
     slurm.wait_job(job, "RUNNING")
     meta = state.job_meta(job)
     assert (meta.policy, meta.options) == ("evict", {"max_requeues": "1"})
+    # The prolog registers the run Slurm names (25.11 on; none before), as squeue lists it.
+    scheduler = ScontrolScheduler(Settings(slurm={"conf": cluster.slurm_conf}))
+    first_run = scheduler.job(job).sluid
+    assert meta.run == (first_run or "")
+    assert (first_run is not None) == parse_version(
+        slurm.run("scontrol", "--version").stdout
+    ).run_ids
 
     def decisions() -> list[dict[str, str]]:
         return state.job_decisions(job)
@@ -164,3 +177,10 @@ def test_options_are_registered_and_bound_the_service(
     second = after_restart()[0]
     assert "already evicted 1 times (max 1)" in second["reasons"]
     assert slurm.job(job)["Restarts"] == "1"
+    # The eviction is bound to the run it acted on (what recovery checks the job against);
+    # the second run, which our requeue made, is registered with its own id.
+    assert state.record(evictions[0]["id"]).job_sluid == first_run
+    second_run = scheduler.job(job).sluid
+    assert state.job_meta(job).run == (second_run or "")
+    if second_run is not None:
+        assert second_run != first_run

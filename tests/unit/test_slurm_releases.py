@@ -68,6 +68,23 @@ def test_eviction_sequence_parses_on_every_release(release: str) -> None:
 
 
 @pytest.mark.parametrize("release", RELEASES)
+def test_a_runs_unique_id_where_the_release_gives_one(release: str) -> None:
+    """26.05 gives every run of a job its SLUID (a requeue starts a new run: a new one);
+    22.05 and 24.11 give none, and nothing else is taken for one."""
+    running = only_job(release, "squeue_json_running.out").sluid
+    requeued = only_job(release, "squeue_json_held.out").sluid
+    if release == "26.05":
+        assert (running, requeued) == ("s8KHM8PARCN500", "s8KHM8PARFRZ00")
+        assert only_job(release, "squeue_json_released.out").sluid == requeued
+    else:
+        assert (running, requeued) == (None, None)
+    document = json.loads(golden("26.05", "squeue_json_running.out"))
+    for forged in ("", "s", "s8KHM8PARCN500; x", "x8KHM8PARCN500", 12345, None):
+        document["jobs"][0]["step_id"]["sluid"] = forged
+        assert parse_squeue_json(json.dumps(document))[0].sluid is None
+
+
+@pytest.mark.parametrize("release", RELEASES)
 def test_sinfo_of_every_shape(release: str) -> None:
     """`sinfo --json` of 22.05 (a node list) and of 23.02+ (node groups): the same nodes."""
     running = {n.name: n for n in parse_sinfo_json(golden(release, "sinfo_json_running.out"))}
@@ -137,6 +154,7 @@ def test_release_capabilities() -> None:
     old, new, odd = SlurmRelease(22, 5, 8), SlurmRelease(24, 11, 5), SlurmRelease(27, 11)
     assert (old.scontrol_json, new.scontrol_json) == (False, True)
     assert (old.cgroup_plugin_disabled, new.cgroup_plugin_disabled) == (False, True)
+    assert (old.run_ids, new.run_ids, SlurmRelease(25, 11).run_ids) == (False, False, True)
     assert not odd.tested
     with pytest.raises(SlurmError, match="cannot read a Slurm version"):
         parse_version("scontrol: command not found")
