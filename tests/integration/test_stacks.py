@@ -43,21 +43,31 @@ def _requeued(record: dict[str, str]) -> bool:
     return int(record.get("Restarts") or 0) >= 1 and record.get("JobState") == "RUNNING"
 
 
-#: Steps that ended this soon after the onset may have begun before it: left out of "after".
-_SETTLE_S = 3.0
+#: The step in progress when node3 was slowed began before it: "after" starts at the next one
+#: (by step, not by time: the policy may evict seconds after the onset, right after a
+#: checkpoint, and a slowed step takes seconds).
+_SETTLE_STEPS = 2
 
 
 def _median(run: DemoRun, node: str, attr: str, *, after_onset: bool) -> float:
-    onset = run.onset_ts or 0.0
+    onset, onset_step = run.onset_ts or 0.0, run.onset_step or 0
     values = [
         getattr(r, attr)
         for r in run.records
         if r.attempt == 0
         and r.node == node
         and getattr(r, attr) is not None
-        and ((r.ts > onset + _SETTLE_S) if after_onset else (r.ts < onset and r.step >= 5))
+        and (
+            r.step >= onset_step + _SETTLE_STEPS
+            if after_onset
+            else (r.ts < onset and 5 <= r.step <= onset_step)
+        )
     ]
-    assert values, f"no {attr} of {node} {'after' if after_onset else 'before'} the onset"
+    steps = sorted({r.step for r in run.records if r.attempt == 0 and r.node == node})
+    assert values, (
+        f"no {attr} of {node} {'after' if after_onset else 'before'} the onset "
+        f"(step {onset_step}); its steps of the first run: {steps[:3]}..{steps[-3:]}"
+    )
     return float(statistics.median(values))
 
 
@@ -111,8 +121,9 @@ def test_a_slow_node_is_found_from_its_compute_and_evicted(
 
 def check_why(run: DemoRun) -> None:
     """Why node3 was found: its ranks compute far longer than before and than the others, and
-    wait less than the others, who wait longer for them than before. (Its own wait may grow
-    too: a CPU quota also slows the rank's share of the collectives' work.)"""
+    wait less than the others (by at least half its extra compute), who wait longer for them
+    than before. (Its own wait may grow too: a CPU quota also slows the rank's share of the
+    collectives' work.)"""
     nodes = ("node1", "node2", "node3")
     compute = {
         (n, a): _median(run, n, "compute_s", after_onset=a) for n in nodes for a in (False, True)
@@ -122,5 +133,7 @@ def check_why(run: DemoRun) -> None:
     assert compute["node3", True] > 2 * compute["node3", False], figures
     for node in ("node1", "node2"):
         assert wait[node, True] > wait[node, False] + 0.05, figures
-        assert wait[node, True] > 1.3 * wait["node3", True], figures
+        # The others wait for node3's extra compute (at least half of it shows in their wait).
+        extra = compute["node3", True] - compute[node, True]
+        assert wait[node, True] > wait["node3", True] + 0.5 * extra, figures
         assert compute["node3", True] > 2 * compute[node, True], figures
