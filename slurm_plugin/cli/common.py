@@ -58,11 +58,13 @@ def actor() -> str:
     return os.environ.get("SUDO_USER") or getpass.getuser()
 
 
-def audit_action(state: ServiceState, action: str, **fields: Any) -> None:
-    """Record an admin action in the audit trail, with who did it."""
+def audit_action(state: ServiceState, action: str, **fields: Any) -> str:
+    """Record an admin action in the audit trail, with who did it; returns its id."""
+    decision_id = marks.new_decision_id()
     state.save_decision(
-        marks.new_decision_id(), {"state": "recorded", "action": action, "by": actor(), **fields}
+        decision_id, {"state": "recorded", "action": action, "by": actor(), **fields}
     )
+    return decision_id
 
 
 def slurm_node(scheduler: Scheduler, name: str) -> NodeInfo:

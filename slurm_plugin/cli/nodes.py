@@ -1,4 +1,5 @@
-"""``straggler nodes`` and ``straggler node``: node histories, forgive and mark."""
+"""``straggler nodes`` and ``straggler node``: node histories, forgive and mark. A mark to or
+from persistent queues the site's node hook (``store/hooks.py``), as the service's own do."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from slurm_plugin.policy.history import HistoryParams, NodeHistory
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.factory import build
 from slurm_plugin.slurm import marks
+from slurm_plugin.store import hooks
 
 
 def _node_row(h: NodeHistory, now: float, params: HistoryParams) -> dict[str, Any]:
@@ -77,7 +79,9 @@ def node_forgive(settings: Settings, name: str, as_json: bool) -> None:
     old = state.node_history(name)
     state.save_node_history(NodeHistory(name, forgiven=old.forgiven + 1))
     state.withdraw_refusal(name)
-    audit_action(state, "forgive", node=name, was=old.state)
+    decision_id = audit_action(state, "forgive", node=name, was=old.state)
+    if old.state == "persistent":
+        _hook(state, hooks.FORGIVEN, old, decision_id, "persistent")
     resumed = False
     if slurm is not None and not slurm.usable:
         resumed = Executor(scheduler, state, deployment=settings.deployment).resume_ours(
@@ -136,5 +140,25 @@ def node_mark(settings: Settings, name: str, new_state: str, as_json: bool) -> N
             "by": actor(),
         },
     )
+    if (new_state == "persistent") != (old.state == "persistent"):
+        kind = hooks.PERSISTENT if new_state == "persistent" else hooks.FORGIVEN
+        _hook(state, kind, old, decision_id, old.state)
     message = f"{name}: {old.state} -> {new_state}"
     done(as_json, message, node=name, was=old.state, now=new_state, decision_id=decision_id)
+
+
+def _hook(state: Any, kind: str, old: NodeHistory, decision_id: str, was: str) -> None:
+    """Queue the site's hook for an admin's turn of a node (run by the leading service)."""
+    hooks.push(
+        state.client,
+        hooks.HookRequest(
+            kind,
+            old.node,
+            decision_id,
+            time.time(),
+            actor(),
+            was,
+            [f"{'marked' if kind == hooks.PERSISTENT else 'forgiven'} by an admin"],
+            hooks.incidents_of(old.incidents),
+        ),
+    )

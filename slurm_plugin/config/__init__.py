@@ -41,6 +41,7 @@ from slurm_plugin.config.tables import (
     LEGACY,
     RENAMED,
     HealthSettings,
+    HookSettings,
     RedisSettings,
     ServiceSettings,
     SlurmSettings,
@@ -62,8 +63,8 @@ _FILE_ALONE: ContextVar[bool] = ContextVar("settings_file_alone", default=False)
 
 class Settings(BaseSettings):
     """Everything an entry point needs, one table per owner: ``[redis]``, ``[telemetry]``,
-    ``[service]``, ``[health]``, ``[slurm]``, and the service's rails ``[safety]`` and
-    ``[persistence]``."""
+    ``[service]``, ``[health]``, ``[slurm]``, the service's rails ``[safety]`` and
+    ``[persistence]``, and the site's node ``[hooks]``."""
 
     model_config = SettingsConfigDict(
         env_prefix="STRAGGLER_",
@@ -92,6 +93,7 @@ class Settings(BaseSettings):
         description="When the shared node history calls a node persistent, and forgives it "
         "([persistence] table). No policy sets them.",
     )
+    hooks: HookSettings = Field(default_factory=HookSettings)
     deployment_id: str = Field(
         default="",
         pattern=r"^[a-z0-9-]{0,16}$",

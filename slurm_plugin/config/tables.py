@@ -209,6 +209,40 @@ class SlurmSettings(_Group):
     )
 
 
+class HookSettings(_Group):
+    """``[hooks]``: the site's commands the service runs when a node's straggler state turns
+    (``docs/deploy.md``, "Node hooks"): argv lists, never a shell; the event as JSON on
+    standard input."""
+
+    on_persistent: list[str] = Field(
+        default_factory=list,
+        description="Command (argv, the program by absolute path) run once each time a node "
+        "becomes a persistent straggler (by the service or an admin's `node mark`); "
+        "empty: none.",
+    )
+    on_forgiven: list[str] = Field(
+        default_factory=list,
+        description="Command (argv, absolute path) run once each time a persistent node is "
+        "forgiven (by time, `node forgive` or `node mark`); empty: none.",
+    )
+    timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="A hook still running after this many seconds is killed (its whole "
+        "process group) and recorded as failed.",
+    )
+
+    @field_validator("on_persistent", "on_forgiven")
+    @classmethod
+    def _argv(cls, argv: list[str]) -> list[str]:
+        if argv and not argv[0].startswith("/"):
+            raise ValueError(f"the program must be an absolute path, not {argv[0]!r}")
+        if any(not part or "\0" in part for part in argv):
+            raise ValueError("an argument is empty or holds a NUL")
+        return argv
+
+
 #: Each group's table, by the name it has in the settings file and the environment
 #: (``STRAGGLER_<GROUP>_<NAME>``).
 GROUPS: dict[str, type[_Group]] = {

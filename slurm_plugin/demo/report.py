@@ -61,6 +61,11 @@ def _figures(s: dict[str, Any]) -> list[tuple[str, str, str]]:
             "the job requeued without the straggler" if s.get("excluded") else "not requeued",
         ),
         (
+            "Onset to a healthy step",
+            _num(s.get("onset_to_healthy_s"), "{:.1f}", "s"),
+            "the job's step time back within 10 % of its own before the onset",
+        ),
+        (
             "Pace",
             (
                 f"{_num(s.get('steps_per_s_before'), '{:.1f}')} → "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -289,6 +290,39 @@ def lost_to_straggler_s(
     return lost
 
 
+#: A step is healthy again when its time is within this much of the job's before the onset.
+HEALTHY_PCT = 10.0
+#: ... as the median of this many steps from it on.
+_HEALTHY_STEPS = 5
+
+
+def onset_to_healthy_s(
+    run: DemoRun, first_run: list[StepRecord], second_run: list[StepRecord]
+) -> float | None:
+    """Seconds from the onset to the job's first healthy step after it (rank 0's step time,
+    and the median of five steps from it, within :data:`HEALTHY_PCT` of its median before the
+    onset), whatever brought it back: a requeue, or the slowdown passing; None: never healthy
+    again while it was watched (also when the requeued job runs slower on its new nodes)."""
+    if run.onset_ts is None or run.onset_step is None:
+        return None
+    before = [r.step_s for r in first_run if r.ts < run.onset_ts and r.step >= 5]
+    if not before:
+        return None
+    bar = statistics.median(before) * (1 + HEALTHY_PCT / 100)
+    # The step in progress at the onset began before it: from the one after on.
+    after = [r for r in first_run if r.step >= run.onset_step + 2] + second_run
+    after = [r for r in after if r.ts > run.onset_ts]
+    for i, record in enumerate(after):  # healthy for a while: a lucky step is not enough
+        window = after[i : i + _HEALTHY_STEPS]
+        if (
+            record.step_s <= bar
+            and len(window) == _HEALTHY_STEPS
+            and statistics.median(r.step_s for r in window) <= bar
+        ):
+            return record.ts - run.onset_ts
+    return None
+
+
 #: What the summary keeps of each decision (lasted_s and lasting_p: how long the slowdown had
 #: lasted when decided, and how likely it was taken to last).
 _DECISION_FIELDS = (
@@ -333,8 +367,12 @@ def summarize(run: DemoRun) -> dict[str, Any]:
         for line in run.output.splitlines()
         if line.startswith("resumed from checkpoint at step")
     ]
-    last_before = max((r.step for r in first_run), default=None)
-    work_lost = last_before + 1 - resumed[-1] if resumed and last_before is not None else None
+    # The step at the hold, from what the job reported: the newest step of any rank of the
+    # first run (rank 0's newest may be a flush behind), never fewer steps lost than none.
+    last_before = max((r.step for r in run.records if r.attempt == 0), default=None)
+    work_lost = (
+        max(0, last_before + 1 - resumed[-1]) if resumed and last_before is not None else None
+    )
     lost = lost_to_straggler_s(run, first_run, second_run, requeue_ts, work_lost)
     ranks = len({r.rank for r in run.records})
     return {
@@ -366,6 +404,7 @@ def summarize(run: DemoRun) -> dict[str, Any]:
         "steps_per_s_before": round(_rate(first_run, None, run.onset_ts), 2),
         "steps_per_s_during": round(_rate(first_run, run.onset_ts, None), 2),
         "steps_per_s_after": round(_rate(second_run), 2),
+        "onset_to_healthy_s": onset_to_healthy_s(run, first_run, second_run),
         "resumed_from_step": resumed[-1] if resumed else None,
         "work_lost_steps": work_lost,
         "ranks": ranks,

@@ -145,6 +145,10 @@ BREAKER = f"{PREFIX}breaker"
 #: Sorted set: node -> when it was last flagged a compute straggler (the breaker's window: a
 #: restarted service goes on counting where the last one stopped).
 BREAKER_WINDOW = f"{PREFIX}breaker:window"
+#: Lists: the node hooks' requests waiting, and those the service took and has not finished
+#: (store/hooks.py); one hash tag, one Redis Cluster slot (a request moves between them).
+HOOKS = f"{PREFIX}{{hooks}}"
+HOOKS_RUNNING = f"{PREFIX}{{hooks}}:running"
 PAUSE = f"{PREFIX}pause"
 LEADER = f"{PREFIX}leader"
 HEARTBEAT = f"{PREFIX}heartbeat"

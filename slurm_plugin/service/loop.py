@@ -31,6 +31,7 @@ from slurm_plugin.service.decisions import Decisions
 from slurm_plugin.service.evidence import gather_evidence
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.fence import FencedScheduler
+from slurm_plugin.service.hooks import NodeHooks
 from slurm_plugin.service.identity import Identities
 from slurm_plugin.service.ingest import Ingest
 from slurm_plugin.service.metrics import Metrics
@@ -121,6 +122,7 @@ class Service:
         self._identities = Identities(state, store, settings.deployment, clock)
         self._job_policy: dict[str, tuple[str, DetectionParams]] = {}
         self._node_rails = NodeRails(state, self.executor, dry_run=dry_run)
+        self.hooks = NodeHooks(settings.hooks, state, settings.deployment, dry_run=dry_run)
         self._decisions = Decisions(
             state, self.executor, self.metrics, self._value, clock, dry_run=dry_run
         )
@@ -226,6 +228,7 @@ class Service:
                 self._tick(job, nodes, now, report)
         self._node_rails.explain_prolog_drains(nodes)
         self._node_rails.age(now, self.rails)
+        self.hooks.tick()  # starts the next node hook, if any; never waits for one
         waited = max((d.waiting_s() for d in self._detectors.values()), default=0.0)
         self.metrics.jobs.set(report.jobs)
         self.metrics.ranks.set(report.ranks)

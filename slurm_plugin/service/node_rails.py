@@ -1,6 +1,8 @@
 """The service's rails around nodes: node history (incidents, persistence, healing with time),
 the circuit breaker (too many straggler nodes at once), the drain of a persistent straggler
-within the partition drain limit, and our explanation of drains our prolog caused."""
+within the partition drain limit, and our explanation of drains our prolog caused. Each turn
+of a node to persistent or back is recorded (``action = "mark"``) and queued for the site's
+node hooks (``service/hooks.py``)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,12 @@ import structlog
 
 from slurm_plugin.detection import StragglerEvent
 from slurm_plugin.model.cluster import JobInfo, NodeInfo
-from slurm_plugin.policy.history import Incident, evaluate, record_incident
+from slurm_plugin.policy.history import Incident, NodeHistory, evaluate, record_incident
 from slurm_plugin.policy.rails import ClusterRails
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
+from slurm_plugin.store import hooks
 
 log = structlog.get_logger(__name__)
 #: A prolog finding explains a "Prolog error" drain when written at most this long before Slurm
@@ -46,8 +49,9 @@ class NodeRails:
             self.state.save_node_history(aged.history)
             if aged.forgiven:
                 forgiven.append(history.node)
+                decision_id = marks.new_decision_id()
                 self.state.save_decision(
-                    marks.new_decision_id(),
+                    decision_id,
                     {
                         "state": "recorded",
                         "action": "forgive",
@@ -57,6 +61,8 @@ class NodeRails:
                         "reasons": aged.reasons,
                     },
                 )
+                if history.state == "persistent":
+                    self._turned(hooks.FORGIVEN, history, decision_id, "time", aged.reasons, now)
         if forgiven:
             log.info("service.nodes_forgiven", nodes=forgiven)
         return forgiven
@@ -76,8 +82,9 @@ class NodeRails:
         """Node history, persistent-straggler drain and the circuit breaker, under the cluster
         rails (the service's settings, never a job's policy: one job must not set what all
         share). Draining also needs the default policy's ``cluster_mode`` to be evict."""
+        before = self.state.node_history(event.node)
         transition = record_incident(
-            self.state.node_history(event.node),
+            before,
             Incident(
                 job_token,  # the job's id and first submit time: one id, two jobs, two jobs
                 now,
@@ -92,6 +99,8 @@ class NodeRails:
             distinct_users=rails.persistence.distinct_users,
         )
         self.state.save_node_history(transition.history)
+        if transition.became_persistent:
+            self._persistent(transition.history, before.state, transition.reasons, now)
         if event.cause == "compute":  # the window lives in Redis: a restart forgets none
             window = rails.safety.breaker_window_s
             distinct = self.state.flag_for_breaker(event.node, now, window)
@@ -127,6 +136,48 @@ class NodeRails:
         )
         self.executor.drain(
             decision_id, event.node, reason, {"job_id": job.job_id}, persistent=True
+        )
+
+    def _persistent(self, history: NodeHistory, was: str, reasons: list[str], now: float) -> None:
+        """The node just became a persistent straggler: recorded, and its hook queued (drained
+        or not: the drain is a decision of its own)."""
+        decision_id = marks.new_decision_id()
+        self.state.save_decision(
+            decision_id,
+            {
+                "state": "recorded",
+                "action": "mark",
+                "node": history.node,
+                "was": was,
+                "now": "persistent",
+                "by": "service",
+                "reasons": reasons,
+            },
+        )
+        self._turned(hooks.PERSISTENT, history, decision_id, "service", reasons, now, was)
+
+    def _turned(
+        self,
+        kind: str,
+        history: NodeHistory,
+        decision_id: str,
+        by: str,
+        reasons: list[str],
+        now: float,
+        was: str | None = None,
+    ) -> None:
+        hooks.push(  # a dry run records the hook as skipped (service/hooks.py)
+            self.state.client,
+            hooks.HookRequest(
+                kind,
+                history.node,
+                decision_id,
+                now,
+                by,
+                was or history.state,
+                list(reasons),
+                hooks.incidents_of(history.incidents),
+            ),
         )
 
     def explain_prolog_drains(self, nodes: tuple[NodeInfo, ...]) -> None:

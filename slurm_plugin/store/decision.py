@@ -7,8 +7,9 @@ reads records of earlier releases (unknown fields kept out, unreadable values as
 Fields, in ``docs/redis-schema.md``:
 
 - what and where: ``job_id``, ``node``, ``nodes`` (every node an eviction excludes), ``action``
-  (``evict``, ``wait``, ``annotate``, ``none``, ``drain``, ``release``, ``report``, an admin's
-  ``pause``...), ``state`` (the state machine of service/executor.py), ``kind`` (a report's);
+  (``evict``, ``wait``, ``annotate``, ``none``, ``drain``, ``release``, ``report``, ``mark``
+  and ``forgive`` of a node, ``hook`` (a node hook's run), an admin's ``pause``...), ``state``
+  (the state machine of service/executor.py), ``kind`` (a report's, a hook run's);
 - the detection: ``cause``, ``scope``, ``slowdown_pct``, ``cusum_ratio``, ``ranks``, ``step``,
   ``since_ts``, ``detected_ts``, ``job_loss_pct``, ``event`` (the event, to be decided on
   again), ``candidates`` (nodes flagged while it waited), ``details`` (a report's event);

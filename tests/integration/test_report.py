@@ -28,12 +28,13 @@ def _records(
     slowed = "node3" in nodes.values()
     ts = t_start
     for step in steps:
-        ts += 0.5 if slowed and step >= slow_from else 0.1  # the straggler sets the pace
+        took = 0.5 if slowed and step >= slow_from else 0.1  # the straggler sets the pace
+        ts += took
         for rank, node in nodes.items():
             slow = node == "node3" and step >= slow_from
             compute = 0.05 * (10 if slow else 1) * (1 + 0.05 * ((rank * 7 + step) % 5))
             out.append(
-                StepRecord("7", rank, node, rank % 2, step, ts, 0.1, compute, 0.02, None, attempt)
+                StepRecord("7", rank, node, rank % 2, step, ts, took, compute, 0.02, None, attempt)
             )
     return out
 
@@ -110,6 +111,21 @@ def test_the_report_says_it_in_words() -> None:
     assert HOSTILE not in page
     assert "&lt;script&gt;" in page
     assert page.count("<svg") == 4  # a heatmap and a timeline per run
+
+
+def test_the_figures_count_from_what_the_job_reported() -> None:
+    """Issue 40 item 4: the step at the hold is the newest any rank reported (rank 0's last
+    flush may lag: the demo once printed ``work_lost_steps -1``), never fewer than none lost;
+    onset to the first healthy step: the requeued run's first step as fast as before."""
+    (evicted, summary), (_, observed) = _runs()
+    assert summary["work_lost_steps"] == 0
+    assert summary["onset_to_healthy_s"] == pytest.approx(11.1)  # 22.1 s - the onset at 11
+    assert observed["onset_to_healthy_s"] is None  # slow until the end
+    lagging = [r for r in evicted.records if not (r.rank == 0 and r.attempt == 0 and r.step > 76)]
+    evicted.records = lagging
+    assert summarize(evicted)["work_lost_steps"] == 0  # rank 0 at 76, the others at 79
+    evicted.output = "resumed from checkpoint at step 70\n"
+    assert summarize(evicted)["work_lost_steps"] == 10  # 70..79 done twice
 
 
 def _chromium() -> str:

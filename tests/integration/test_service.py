@@ -22,6 +22,7 @@ from slurm_plugin.policy.history import Incident, NodeHistory
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.parsers import parse_squeue_json
+from slurm_plugin.store import hooks
 from tests.integration.conftest import Slurm, wait_cycles, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -317,16 +318,25 @@ def test_persistent_node_is_drained_and_forgiven(
     slurm: Slurm, job_dir: Path, state: ServiceState, env: dict[str, str], tmp_path: Path
 ) -> None:
     """Slow in a second job on a cluster whose rails (the service's settings) drain persistent
-    stragglers: node3 is drained with our reason; `node forgive` resumes it; a node drained
-    by hand is left alone."""
+    stragglers: node3 is drained with our reason, and the site's node hook (issue 40) told
+    once, as JSON; `node forgive` resumes it and queues the forgiven hook; a node drained by
+    hand is left alone."""
     one_earlier_incident(state, "node3")
     job = _submit(slurm, job_dir, "evict-aggressive")
     slurm.wait_job(job, "RUNNING")
+    told = tmp_path / "hook.jsonl"
+    hook = tmp_path / "hook.py"
+    hook.write_text(
+        "import sys\n"
+        f"with open({str(told)!r}, 'a') as f:\n"
+        "    f.write(sys.stdin.read().strip() + '\\n')\n"
+    )
+    on_persistent = json.dumps([sys.executable, str(hook)])
     with (tmp_path / "service.log").open("wb") as log:
         service = subprocess.Popen(
             [sys.executable, "-m", "slurm_plugin.cli.main", "--log-level", "info", "serve"],
             cwd=REPO,
-            env={**env, **RAILS},
+            env={**env, **RAILS, "STRAGGLER_HOOKS_ON_PERSISTENT": on_persistent},
             stdout=log,
             stderr=log,
         )
@@ -335,6 +345,11 @@ def test_persistent_node_is_drained_and_forgiven(
                 lambda: slurm.node_state("node3") in {"drained", "draining"},
                 90,
                 "node3 to be drained",
+            )
+            wait_for(
+                lambda: any(e.get("action") == "hook" for e in state.audit()),
+                30,
+                "the node hook to have run",
             )
         finally:
             service.kill()
@@ -354,7 +369,18 @@ def test_persistent_node_is_drained_and_forgiven(
             text=True,
         ).stdout
 
+    (marked,) = [e for e in state.audit() if e.get("action") == "mark"]
+    (ran,) = [e for e in state.audit() if e.get("action") == "hook"]
+    assert (ran["state"], ran["of"]) == ("done", marked["id"])
+    (told_of,) = [json.loads(line) for line in told.read_text().splitlines()]
+    assert (told_of["event"], told_of["node"], told_of["by"]) == ("persistent", "node3", "service")
+    assert told_of["decision_id"] == marked["id"]
     assert "resumed" in forgive("node3")
+    (forgave,) = [e for e in state.audit() if e.get("action") == "forgive"]
+    queued = hooks.queued(state.client)
+    assert [(q.kind, q.node, q.decision_id) for q in queued] == [
+        ("forgiven", "node3", forgave["id"])
+    ]
     assert "left as is" in forgive("node4")
     wait_for(
         lambda: slurm.node_state("node3") in {"idle", "mixed", "allocated"}, 30, "node3 to be back"
@@ -432,6 +458,10 @@ def test_policy_apply_diff_and_node_mark(
     audited = {e.get("action"): e for e in state.audit()}
     assert audited["mark"]["node"] == "node2"
     assert audited["mark"]["by"] == audited["policy_apply"]["by"] == user
+    queued = hooks.queued(state.client)
+    assert [(q.kind, q.node, q.decision_id, q.by) for q in queued] == [
+        ("persistent", "node2", audited["mark"]["id"], user)
+    ]
     assert audited["policy_revert"]["policy"] == "evict"
     ghost = _cli_run(env, "node", "mark", "node99", "--state", "ok")
     assert ghost.returncode == 2
