@@ -120,10 +120,10 @@ def test_a_slow_node_is_found_from_its_compute_and_evicted(
 
 
 def check_why(run: DemoRun) -> None:
-    """Why node3 was found: its ranks compute far longer than before and than the others, and
-    wait less than the others (by at least half its extra compute), who wait longer for them
-    than before. (Its own wait may grow too: a CPU quota also slows the rank's share of the
-    collectives' work.)"""
+    """Why node3 was found: its ranks compute far longer than before and than the others, who
+    wait longer for them than before (by at least a third of node3's extra compute). Whether
+    node3 itself waits less than the others is not held: a CPU quota also slows its share of
+    the collectives' work (CI once saw its wait above theirs, 0.46 s against 0.43 s)."""
     nodes = ("node1", "node2", "node3")
     compute = {
         (n, a): _median(run, n, "compute_s", after_onset=a) for n in nodes for a in (False, True)
@@ -132,8 +132,7 @@ def check_why(run: DemoRun) -> None:
     figures = f"compute {compute}\nwait {wait}"
     assert compute["node3", True] > 2 * compute["node3", False], figures
     for node in ("node1", "node2"):
-        assert wait[node, True] > wait[node, False] + 0.05, figures
-        # The others wait for node3's extra compute (at least half of it shows in their wait).
+        # The others wait for node3's extra compute: at least a third of it shows as more wait.
         extra = compute["node3", True] - compute[node, True]
-        assert wait[node, True] > wait["node3", True] + 0.5 * extra, figures
+        assert wait[node, True] > wait[node, False] + max(0.05, extra / 3), figures
         assert compute["node3", True] > 2 * compute[node, True], figures
