@@ -16,6 +16,7 @@ from slurm_plugin.config import Settings
 from slurm_plugin.policy.history import HistoryParams, NodeHistory
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.factory import build
+from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.store import hooks
 
@@ -147,18 +148,15 @@ def node_mark(settings: Settings, name: str, new_state: str, as_json: bool) -> N
     done(as_json, message, node=name, was=old.state, now=new_state, decision_id=decision_id)
 
 
-def _hook(state: Any, kind: str, old: NodeHistory, decision_id: str, was: str) -> None:
+def _hook(state: ServiceState, kind: str, old: NodeHistory, decision_id: str, was: str) -> None:
     """Queue the site's hook for an admin's turn of a node (run by the leading service)."""
-    hooks.push(
+    hooks.push_turn(
         state.client,
-        hooks.HookRequest(
-            kind,
-            old.node,
-            decision_id,
-            time.time(),
-            actor(),
-            was,
-            [f"{'marked' if kind == hooks.PERSISTENT else 'forgiven'} by an admin"],
-            hooks.incidents_of(old.incidents),
-        ),
+        kind,
+        old,
+        decision_id,
+        ts=time.time(),
+        by=actor(),
+        was=was,
+        reasons=[f"{'marked' if kind == hooks.PERSISTENT else 'forgiven'} by an admin"],
     )

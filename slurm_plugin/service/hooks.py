@@ -84,9 +84,6 @@ def run_hook(argv: list[str], stdin: str, timeout_s: float) -> Outcome:
         return Outcome(
             False, time.monotonic() - started, None, tail, f"timed out after {timeout_s:g} s"
         )
-    except BrokenPipeError:  # it exited without reading its input
-        out = proc.stdout.read() if proc.stdout else b""
-        proc.wait()
     seconds = time.monotonic() - started
     status = proc.returncode
     if status == 0:
@@ -142,9 +139,8 @@ class NodeHooks:
             log.warning("service.hook_request_unreadable", raw=raw[:200])
             hooks.finish(client, raw)
             return
-        argv = self.settings.on_persistent if request.kind == hooks.PERSISTENT else []
-        if request.kind == hooks.FORGIVEN:
-            argv = self.settings.on_forgiven
+        persistent = request.kind == hooks.PERSISTENT  # else FORGIVEN (decode checks)
+        argv = self.settings.on_persistent if persistent else self.settings.on_forgiven
         if not argv:  # no hook for this turn: nothing to run, nothing to record
             hooks.finish(client, raw)
             return

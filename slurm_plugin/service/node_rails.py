@@ -62,7 +62,16 @@ class NodeRails:
                     },
                 )
                 if history.state == "persistent":
-                    self._turned(hooks.FORGIVEN, history, decision_id, "time", aged.reasons, now)
+                    hooks.push_turn(
+                        self.state.client,
+                        hooks.FORGIVEN,
+                        history,
+                        decision_id,
+                        ts=now,
+                        by="time",
+                        was=history.state,
+                        reasons=aged.reasons,
+                    )
         if forgiven:
             log.info("service.nodes_forgiven", nodes=forgiven)
         return forgiven
@@ -154,30 +163,16 @@ class NodeRails:
                 "reasons": reasons,
             },
         )
-        self._turned(hooks.PERSISTENT, history, decision_id, "service", reasons, now, was)
-
-    def _turned(
-        self,
-        kind: str,
-        history: NodeHistory,
-        decision_id: str,
-        by: str,
-        reasons: list[str],
-        now: float,
-        was: str | None = None,
-    ) -> None:
-        hooks.push(  # a dry run records the hook as skipped (service/hooks.py)
+        # A dry run queues it too: the service records it as skipped (service/hooks.py).
+        hooks.push_turn(
             self.state.client,
-            hooks.HookRequest(
-                kind,
-                history.node,
-                decision_id,
-                now,
-                by,
-                was or history.state,
-                list(reasons),
-                hooks.incidents_of(history.incidents),
-            ),
+            hooks.PERSISTENT,
+            history,
+            decision_id,
+            ts=now,
+            by="service",
+            was=was,
+            reasons=reasons,
         )
 
     def explain_prolog_drains(self, nodes: tuple[NodeInfo, ...]) -> None:

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 from slurm_plugin.errors import TelemetryError
 from slurm_plugin.model import keys
-from slurm_plugin.policy.history import Incident
+from slurm_plugin.policy.history import Incident, NodeHistory
 
 PERSISTENT, FORGIVEN = "persistent", "forgiven"
 KINDS = (PERSISTENT, FORGIVEN)
@@ -61,6 +61,34 @@ def incidents_of(incidents: Sequence[Incident]) -> list[dict[str, Any]]:
         }
         for i in incidents
     ]
+
+
+def push_turn(
+    client: Any,
+    kind: str,
+    history: NodeHistory,
+    decision_id: str,
+    *,
+    ts: float,
+    by: str,
+    was: str,
+    reasons: Sequence[str],
+) -> None:
+    """Queue the turn of ``history``'s node recorded as ``decision_id`` (the service's rails
+    and the admin's CLI both push through here)."""
+    push(
+        client,
+        HookRequest(
+            kind,
+            history.node,
+            decision_id,
+            ts,
+            by,
+            was,
+            list(reasons),
+            incidents_of(history.incidents),
+        ),
+    )
 
 
 def push(client: Any, request: HookRequest) -> None:
