@@ -29,6 +29,7 @@ from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy.decide import ClusterContext, Decision, JobContext
 from slurm_plugin.policy.lifecycle import (
     UNKNOWN,
+    Advise,
     Candidate,
     Close,
     Effect,
@@ -81,6 +82,8 @@ class Replay:
     last_ts: dict[str, float] = field(default_factory=dict)
     #: Per job, when a wait ran out without a checkpoint.
     missed: dict[str, float] = field(default_factory=dict)
+    #: Per job, the nodes it was advised to leave (recovery = advice).
+    advised: dict[str, set[str]] = field(default_factory=dict)
     step_s: dict[str, float] = field(default_factory=dict)
     #: Per straggler event (by ``id``), its job's per-rank by-design compute factor when the
     #: event came (``Detector.structure_scale``; None or absent: no structure).
@@ -210,7 +213,9 @@ class Replay:
         def probe(event: StragglerEvent, since_step: int) -> float | None:
             return self._recent_slowdown_pct(event, now, since_step)
 
-        return World(job, self.policy, self._context(job_id, now, 0), cluster, now, probe)
+        advised = frozenset(self.advised.get(job_id, ()))
+        context = self._context(job_id, now, 0)
+        return World(job, self.policy, context, cluster, now, probe, advised=advised)
 
     def decide(
         self,
@@ -246,6 +251,9 @@ class Replay:
                     self.waiting[event.job_id] = _Waiting(state, row, again)
             elif isinstance(effect, Close) and held is not None:
                 self._carry_out(event.job_id, effect, held.row, event.ts)
+            elif isinstance(effect, Advise) and state is not None:
+                self._carry_out(event.job_id, effect, row, event.ts)
+                self.waiting[event.job_id] = _Waiting(state, row)
             else:
                 self._carry_out(event.job_id, effect, row, event.ts)
         if state is None:
@@ -267,6 +275,10 @@ class Replay:
                 row.update(action="none", note=effect.note)
             else:
                 row.update(action="none", reasons=[*row["reasons"], *effect.reasons])
+        elif isinstance(effect, Advise):  # a replayed job never acts on it: its deadline
+            self.advised.setdefault(job_id, set()).update(effect.nodes)
+            row.update(_row(effect.decision), action="advise", **effect.extra)
+            row["nodes"] = list(effect.nodes)
         elif isinstance(effect, Missed):
             self.missed[job_id] = effect.now
         elif isinstance(effect, Rechecking):
@@ -278,6 +290,8 @@ class Replay:
             return w.again_at if w.again_at is not None else w.state.since
         if w.state.waiting_for == "resume":  # nothing is ever paused in a replay
             return float("inf")
+        if w.state.waiting_for == "advice":
+            return w.state.since + self.policy.actions.advice_deadline_s
         checkpoints = self.context.checkpoints(job_id)
         after = checkpoints[bisect.bisect_left(checkpoints, w.state.since) :]
         limit = w.state.since + self.policy.actions.max_wait_s

@@ -38,6 +38,7 @@ static char policy[NAME_MAX_LEN + 1] = "";
 static char max_requeues[16] = "";
 static char min_slowdown[16] = "";
 static char notify[16] = "";
+static char recovery[16] = "";
 static char telemetry[16] = "";
 static char telemetry_default[16] = "off";
 static char autoload[PATH_MAX_LEN + 1] = "";
@@ -125,6 +126,18 @@ static int opt_notify(int val, const char *optarg, int remote)
     return copy_value(notify, sizeof(notify), optarg);
 }
 
+static int opt_recovery(int val, const char *optarg, int remote)
+{
+    (void)val;
+    (void)remote;
+    if (optarg == NULL || (strcmp(optarg, "requeue") != 0 && strcmp(optarg, "advice") != 0)) {
+        slurm_error("straggler: --straggler-recovery must be requeue or advice, not '%s'",
+                    optarg ? optarg : "");
+        return -1;
+    }
+    return copy_value(recovery, sizeof(recovery), optarg);
+}
+
 static int is_telemetry_mode(const char *value)
 {
     return value != NULL && (strcmp(value, "auto") == 0 || strcmp(value, "off") == 0);
@@ -152,6 +165,9 @@ static struct spank_option options[] = {
      opt_min_slowdown},
     {"straggler-notify", "off|log|comment",
      "How the job hears about detections.", 1, 0, opt_notify},
+    {"straggler-recovery", "requeue|advice",
+     "advice: told first which nodes to leave, requeued only if it does not.", 1, 0,
+     opt_recovery},
     {"straggler-telemetry", "auto|off",
      "auto: every PyTorch rank reports its timings, no code change; off: only explicit calls.",
      1, 0, opt_telemetry},
@@ -227,7 +243,8 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
     if (export_job_control(sp, "STRAGGLER_POLICY", policy) < 0
         || export_job_control(sp, "STRAGGLER_MAX_REQUEUES", max_requeues) < 0
         || export_job_control(sp, "STRAGGLER_MIN_SLOWDOWN", min_slowdown) < 0
-        || export_job_control(sp, "STRAGGLER_NOTIFY", notify) < 0) {
+        || export_job_control(sp, "STRAGGLER_NOTIFY", notify) < 0
+        || export_job_control(sp, "STRAGGLER_RECOVERY", recovery) < 0) {
         slurm_error("straggler: cannot pass the options to the job");
         return -1;
     }
@@ -301,6 +318,7 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
     export_task(sp, "STRAGGLER_MAX_REQUEUES", max_requeues);
     export_task(sp, "STRAGGLER_MIN_SLOWDOWN", min_slowdown);
     export_task(sp, "STRAGGLER_NOTIFY", notify);
+    export_task(sp, "STRAGGLER_RECOVERY", recovery);
     export_telemetry(sp);
     return 0;
 }

@@ -393,6 +393,7 @@ SBATCH_OPTIONS = (
     "--straggler-max-requeues",
     "--straggler-min-slowdown",
     "--straggler-notify",
+    "--straggler-recovery",
 )
 SBATCH_HELP = """\
 STRAGGLER OPTIONS FOR SBATCH, SALLOC AND SRUN (SPANK plugin contrib/spank)
@@ -407,6 +408,11 @@ STRAGGLER OPTIONS FOR SBATCH, SALLOC AND SRUN (SPANK plugin contrib/spank)
   --straggler-notify=off|log|comment
       How the job hears about detections: its AdminComment (comment, the default), the
       service log only (log), or not at all (off).
+  --straggler-recovery=requeue|advice
+      advice: told first which nodes to leave (`straggler advice JOB`), so that a launcher
+      that can continue without them (torchrun with a spare node, `straggler
+      leave-on-advice`) does; requeued without them if it has not within the policy's
+      advice_deadline_s. requeue: requeued at once (the policy's choice by default).
 
 Without the plugin: sbatch --comment=straggler:policy=NAME ...
 `srun --help` lists these options; `sbatch --help` does not show SPANK options.

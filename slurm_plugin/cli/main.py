@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from slurm_plugin._version import __version__
 from slurm_plugin.cli.admin import COMMANDS as ADMIN_COMMANDS
+from slurm_plugin.cli.advice import COMMANDS as ADVICE_COMMANDS
 from slurm_plugin.cli.backtest import backtest
 from slurm_plugin.cli.demo import demo
 from slurm_plugin.cli.devcluster import devcluster
@@ -152,7 +153,7 @@ cli.add_command(devcluster)
 cli.add_command(export)
 cli.add_command(sidecar)
 cli.add_command(relay)
-for _command in ADMIN_COMMANDS:
+for _command in [*ADMIN_COMMANDS, *ADVICE_COMMANDS]:
     cli.add_command(_command)
 
 

@@ -81,6 +81,12 @@ def job_events(job_id: str) -> str:
     return _job(job_id, "events")
 
 
+def job_advice(job_id: str) -> str:
+    """String: the service's advice to the job (JSON: which nodes to leave, why, until when;
+    store/advice.py), readable with the job's own credential."""
+    return _job(job_id, "advice")
+
+
 def job_credential(job_id: str) -> str:
     """String: the password of the job's ACL user (admin-only; see telemetry.credentials)."""
     return _job(job_id, "credential")
@@ -99,6 +105,7 @@ def job_keys(job_id: str) -> list[str]:
         job_gpu(job_id),
         job_events(job_id),
         job_service(job_id),
+        job_advice(job_id),
     ]
 
 

@@ -16,6 +16,13 @@ A job is either *idle* (``None``) or has one decision :class:`Waiting`. Two inpu
   the one slowest in the newest steps is decided on again, as if the job reported no
   checkpoints, on the candidate's own event.
 
+- Under ``recovery = "advice"`` an eviction first advises the job to leave the nodes itself
+  (:class:`Advise`; the decision then waits for ``advice``): the job's report that it left
+  every advised node closes it (``acted``, no requeue); at ``advice_deadline_s`` without it,
+  the decision is taken again and its eviction requeues the job as under ``requeue``. A node
+  the job was advised to leave before is never advised again: still slow there, it is
+  requeued away.
+
 - :func:`ended`: the job stopped running (ended, requeued or held by another, the end of
   its trace): its waiting decision is abandoned, nothing is waited for any more.
 
@@ -26,7 +33,7 @@ reaches the same accounting on both paths.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
@@ -42,9 +49,9 @@ from slurm_plugin.policy.decide import (
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.policy.verdict import UNKNOWN, Facts, final, recheck
 
-WaitingFor = Literal["checkpoint", "resume", "recheck"]
+WaitingFor = Literal["checkpoint", "resume", "recheck", "advice"]
 #: What an eviction came after: the detection itself, or what its waiting decision waited for.
-After = Literal["detection", "checkpoint", "max wait", "resume", "recheck"]
+After = Literal["detection", "checkpoint", "max wait", "resume", "recheck", "advice deadline"]
 
 
 class Recheck(Protocol):
@@ -75,6 +82,8 @@ class Waiting:
     waiting_for: WaitingFor = "checkpoint"
     #: Since when a re-check has had nothing to look at (None: not re-checking).
     rechecking_since: float | None = None
+    #: The nodes the job was advised to leave (waiting for ``advice``).
+    advised: tuple[str, ...] = ()
 
     @property
     def event(self) -> StragglerEvent:
@@ -101,6 +110,10 @@ class World:
     #: The job's other nodes flagged in the same cycle as this detection, each with its own
     #: event and incidents: candidates for the same requeue (asked only of an eviction).
     peers: Callable[[], tuple[Candidate, ...]] = lambda: ()
+    #: The nodes the job was advised to leave before (never advised again).
+    advised: frozenset[str] = frozenset()
+    #: Decision id -> the nodes the job reported leaving on that decision's advice.
+    acted: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 # -- effects --------------------------------------------------------------------------------
@@ -151,6 +164,8 @@ class Close:
     reasons: tuple[str, ...] = ()
     note: str = ""
     abandoned: bool = False
+    #: The job left the advised nodes itself: no requeue.
+    acted: bool = False
 
 
 #: Why a waiting decision closes when its re-check never had anything to look at (the job's
@@ -177,7 +192,52 @@ class Evict:
     extra: dict[str, object] = field(default_factory=dict)
 
 
-Effect = Record | Joined | Rechecking | Missed | Close | Evict
+@dataclass(frozen=True)
+class Advise:
+    """Advise the job to leave ``nodes`` by ``deadline_ts`` (the decision waits for it), on
+    ``decision`` about ``event``."""
+
+    decision_id: str
+    event: StragglerEvent
+    decision: Decision
+    nodes: tuple[str, ...]
+    deadline_ts: float
+    detected_ts: float
+    node_incidents: int = 0
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+Effect = Record | Joined | Rechecking | Missed | Close | Evict | Advise
+
+#: Why a decision closes when the job left the advised nodes itself.
+ACTED = "the job left the advised nodes itself"
+
+
+def _act(
+    evict: Evict, candidates: tuple[Candidate, ...], world: World
+) -> tuple[Waiting | None, Evict | Advise]:
+    """An eviction, or under ``recovery = "advice"`` the advice to leave its nodes first
+    (unless the job was advised to leave every one of them before), waiting for the job."""
+    actions = world.policy.actions
+    if actions.recovery != "advice" or set(evict.nodes) <= world.advised:
+        return None, evict
+    chosen = [Candidate(evict.event, evict.node_incidents)]  # its own node first
+    for c in candidates:
+        if c.event.node in evict.nodes and c.event.node not in {x.event.node for x in chosen}:
+            chosen.append(c)
+    deadline = world.now + actions.advice_deadline_s
+    state = Waiting(evict.decision_id, tuple(chosen), world.now, "advice", advised=evict.nodes)
+    advise = Advise(
+        evict.decision_id,
+        evict.event,
+        evict.decision,
+        evict.nodes,
+        deadline,
+        evict.detected_ts,
+        evict.node_incidents,
+        {**evict.extra, "waiting_for": "advice"},
+    )
+    return state, advise
 
 
 def _verdict(
@@ -206,6 +266,8 @@ def detected(
     """A straggler ``event`` on the job, ``decision_id`` the id a new decision takes."""
     ctx = replace(world.ctx, node_incidents=node_incidents)
     decision, settled = _verdict(event, world, ctx)
+    if state is not None and state.waiting_for == "advice" and event.node in state.advised:
+        return state, [], decision  # the job was advised to leave it: its deadline stands
     if decision.action == "evict":
         effects: list[Effect] = []
         if state is not None:
@@ -215,8 +277,9 @@ def detected(
         evict = Evict(
             decision_id, event, decision, nodes, "detection", event.ts, node_incidents, settled
         )
-        effects.append(evict)
-        return None, effects, decision
+        waits, acted = _act(evict, tuple(others), world)
+        effects.append(acted)
+        return waits, effects, decision
     if decision.action == "wait" or decision.on_hold:
         if state is not None:  # one waiting decision per job; its clock is not reset
             if event.node in state.nodes():
@@ -288,12 +351,22 @@ def _joining(
     return chosen[1:]
 
 
-def _due(state: Waiting, world: World) -> After | None:
+def _advice_due(state: Waiting, world: World) -> Literal["acted", "advice deadline"] | None:
+    """The job left every advised node (by its own report), or its deadline passed."""
+    if state.advised and set(state.advised) <= world.acted.get(state.decision_id, frozenset()):
+        return "acted"
+    deadline = state.since + world.policy.actions.advice_deadline_s
+    return "advice deadline" if world.now >= deadline else None
+
+
+def _due(state: Waiting, world: World) -> After | Literal["acted"] | None:
     """What the waiting decision waited for, if it came by now."""
     if state.waiting_for == "resume":
         return None if world.cluster.paused or world.cluster.breaker_open else "resume"
     if state.waiting_for == "recheck":
         return "recheck"
+    if state.waiting_for == "advice":
+        return _advice_due(state, world)
     if (world.ctx.last_checkpoint_ts or 0.0) >= state.since:
         return "checkpoint"
     if world.now - state.since >= world.policy.actions.max_wait_s:
@@ -334,6 +407,9 @@ def tick(state: Waiting | None, world: World) -> tuple[Waiting | None, list[Effe
     after = _due(state, world)
     if after is None:
         return state, []
+    if after == "acted":
+        left = ", ".join(state.advised)
+        return None, [Close(state.decision_id, note=f"{ACTED}: {left}", acted=True)]
     effects: list[Effect] = []
     if after == "max wait":
         effects.append(Missed(world.now))
@@ -357,7 +433,11 @@ def tick(state: Waiting | None, world: World) -> tuple[Waiting | None, list[Effe
         chosen.node_incidents,
         settled,
     )
-    return None, [*effects, evict]
+    # At the advice's deadline the job had its chance: requeued, as under requeue.
+    waits, acted = (
+        (None, evict) if after == "advice deadline" else _act(evict, state.candidates, world)
+    )
+    return waits, [*effects, acted]
 
 
 def ended(decision_id: str) -> tuple[None, list[Effect]]:
@@ -367,9 +447,11 @@ def ended(decision_id: str) -> tuple[None, list[Effect]]:
 
 
 __all__ = [
+    "ACTED",
     "ENDED",
     "RECHECK_GAVE_UP",
     "UNKNOWN",
+    "Advise",
     "After",
     "Candidate",
     "Close",

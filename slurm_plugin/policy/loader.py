@@ -93,11 +93,13 @@ class JobOptions:
     max_requeues: str | None = None
     min_slowdown: str | None = None
     notify: str | None = None
+    recovery: str | None = None
 
 
 def apply_job_overrides(policy: Policy, options: JobOptions) -> Policy:
     """The job's own choices, applied only where they are stricter than the policy: fewer
-    requeues, a larger minimum slowdown. ``notify`` picks how the job hears about detections.
+    requeues, a larger minimum slowdown. ``notify`` picks how the job hears about detections,
+    ``recovery`` whether it is advised first (its launcher can leave nodes) or requeued.
     Unparseable values are ignored."""
     actions: dict[str, object] = {}
     detection: dict[str, object] = {}
@@ -114,6 +116,8 @@ def apply_job_overrides(policy: Policy, options: JobOptions) -> Policy:
         return policy
     if options.notify in {"off", "log", "comment"}:
         actions["notify"] = options.notify
+    if options.recovery in {"requeue", "advice"}:  # the job's own launcher, its choice
+        actions["recovery"] = options.recovery
     if not actions and not detection:
         return policy
     return policy.model_copy(

@@ -109,6 +109,20 @@ class ActionPolicy(Strict):
         "log only (log), or not at all (off).",
     )
     max_requeues: int = Field(2, ge=0, le=100, description="Most evictions of one job.")
+    recovery: Literal["requeue", "advice"] = Field(
+        "requeue",
+        description="requeue: an eviction requeues the job without the nodes; advice: the job "
+        "is first advised to leave them itself (`straggler advice JOB`, a launcher that acts "
+        "on it, such as torchrun with a spare node), and requeued as with requeue only if it "
+        "has not reported leaving them within advice_deadline_s.",
+    )
+    advice_deadline_s: float = Field(
+        120.0,
+        ge=5,
+        le=86400,
+        description="How long a job advised to leave nodes has to report it left them before "
+        "it is requeued without them (recovery = advice).",
+    )
     cooldown_s: float = Field(
         900.0,
         ge=0,

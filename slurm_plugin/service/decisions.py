@@ -1,19 +1,21 @@
 """The service carries out the decision lifecycle's effects (policy/lifecycle.py) on Redis
 and Slurm: a decision recorded or waiting, a candidate joined, a waiting decision closed,
-an eviction (counted, marked, requeued, valued, timed). The backtest carries out the same
-effects in memory (replay.py)."""
+advice to the job (store/advice.py), an eviction (counted, marked, requeued, valued, timed).
+The backtest carries out the same effects in memory (replay.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import redis
 import structlog
 
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.policy import lifecycle
 from slurm_plugin.policy.lifecycle import (
+    Advise,
     Close,
     Effect,
     Evict,
@@ -30,6 +32,7 @@ from slurm_plugin.service.state import ServiceState
 from slurm_plugin.service.value import Value
 from slurm_plugin.service.waiting import candidates_field, event_fields, waiting_of
 from slurm_plugin.slurm import marks
+from slurm_plugin.store import advice
 from slurm_plugin.store.decision import verdict_fields
 from slurm_plugin.store.job_state import JobState
 
@@ -124,6 +127,8 @@ class Decisions:
                 self.state.update_job(job.job_id, wait_expired_ts=f"{effect.now:.3f}")
             elif isinstance(effect, Close):
                 self._close(job.job_id, effect)
+            elif isinstance(effect, Advise):
+                done.append(self._advise(effect, job, policy, now, base, evidence))
             else:
                 done.append(self._evict(effect, job, policy, now, base, evidence))
         return done
@@ -143,6 +148,18 @@ class Decisions:
         return closed
 
     def _close(self, job_id: str, effect: Close) -> None:
+        if effect.acted:
+            self.state.save_decision(effect.decision_id, {"state": "acted", "note": effect.note})
+            self.state.update_job(job_id, waiting="", waiting_since="")
+            self._withdraw(job_id, effect.decision_id)
+            self.metrics.actions.labels(action="advise", outcome="acted").inc()
+            log.info(
+                "service.advice_acted",
+                decision_id=effect.decision_id,
+                job_id=job_id,
+                note=effect.note,
+            )
+            return
         if effect.abandoned:
             self.state.save_decision(
                 effect.decision_id, {"state": "abandoned", "error": effect.note}
@@ -163,9 +180,84 @@ class Decisions:
         self.state.save_decision(effect.decision_id, fields)
         self.state.update_job(job_id, waiting="", waiting_since="")
 
-    def _mark(self, effect: Record | Evict) -> str:
+    def _advise(
+        self,
+        effect: Advise,
+        job: JobInfo,
+        policy: Policy,
+        now: float,
+        base: dict[str, Any] | None,
+        evidence: tuple[list[str], list[str]],
+    ) -> dict[str, Any]:
+        """The decision waits for the job to leave the nodes itself: recorded, our mark on
+        the job, the advice published where the job reads it (not in a dry run)."""
+        record = _record(effect, base, evidence)
+        record.update(self._annotate(job, self._mark(effect), policy))
+        nodes = list(effect.nodes)
+        self.state.save_decision(
+            effect.decision_id,
+            {
+                **record,
+                "state": "waiting",
+                "action": "advise",
+                "job_id": job.job_id,
+                "node": nodes[0],
+                "nodes": nodes,
+                "advice_deadline_ts": f"{effect.deadline_ts:.3f}",
+            },
+        )
+        known = self.state.job_state(job.job_id).advised()
+        self.state.update_job(
+            job.job_id,
+            waiting=effect.decision_id,
+            waiting_since=f"{now:.3f}",
+            advised_nodes=",".join(sorted({*known, *nodes})),
+        )
+        outcome = "advised"
+        if self.dry_run:
+            outcome = "planned"
+        else:
+            given = advice.Advice(
+                job_id=job.job_id,
+                decision_id=effect.decision_id,
+                leave=nodes,
+                reasons=list(effect.decision.reasons),
+                slowdown_pct=effect.event.slowdown_pct,
+                issued_ts=now,
+                deadline_ts=effect.deadline_ts,
+            )
+            try:
+                advice.publish(self.state.client, given)
+            except redis.RedisError as exc:  # requeued at the deadline, as if not acted on
+                outcome = "failed"
+                log.warning("service.advice_failed", job_id=job.job_id, error=str(exc))
+        self.metrics.actions.labels(action="advise", outcome=outcome).inc()
+        log.info(
+            "service.advice",
+            decision_id=effect.decision_id,
+            job_id=job.job_id,
+            leave=nodes,
+            deadline_ts=round(effect.deadline_ts, 3),
+            outcome=outcome,
+        )
+        return {"id": effect.decision_id, "action": "advise", "outcome": outcome}
+
+    def _withdraw(self, job_id: str, decision_id: str) -> None:
+        """The decision's advice no longer holds (acted on, or the job requeued)."""
+        try:
+            advice.withdraw(self.state.client, job_id, decision_id)
+        except (redis.RedisError, StragglerError) as exc:  # it expires by itself
+            log.warning("service.advice_withdraw_failed", job_id=job_id, error=str(exc))
+
+    def _mark(self, effect: Record | Evict | Advise) -> str:
         event = effect.event
-        action = "evict" if isinstance(effect, Evict) else effect.decision.action
+        action = (
+            "evict"
+            if isinstance(effect, Evict)
+            else "advise"
+            if isinstance(effect, Advise)
+            else effect.decision.action
+        )
         return marks.reason(
             f"{event.cause} {event.node}",
             f"+{event.slowdown_pct:.1f}% {action}",
@@ -201,6 +293,8 @@ class Decisions:
             )
         record.update(self._annotate(job, self._mark(effect), policy))  # saved with it
         outcome = self._requeue(effect.decision_id, job, effect.nodes, record, now)
+        if effect.after == "advice deadline":
+            self._withdraw(job.job_id, effect.decision_id)
         self.value.evicted(job.job_id, decision, outcome)
         self.metrics.decision_seconds.observe(max(0.0, self.clock() - effect.detected_ts))
         return {"id": effect.decision_id, "action": "evict", "outcome": outcome}
@@ -274,7 +368,9 @@ class Decisions:
 
 
 def _record(
-    effect: Record | Evict, base: dict[str, Any] | None, evidence: tuple[list[str], list[str]]
+    effect: Record | Evict | Advise,
+    base: dict[str, Any] | None,
+    evidence: tuple[list[str], list[str]],
 ) -> dict[str, Any]:
     """A decision's record: its job and detection (``base``), the event, the evidence and the
     verdict with its numbers, and what the lifecycle settled beyond the verdict."""

@@ -20,7 +20,7 @@ from slurm_plugin.model.columns import Decoded, decode_many
 from slurm_plugin.service.evidence import EvidenceFilter
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.state import ServiceState
-from slurm_plugin.store import credentials
+from slurm_plugin.store import advice, credentials
 from slurm_plugin.store.job_state import JobState
 from slurm_plugin.store.telemetry_store import (
     Raw,
@@ -217,6 +217,12 @@ class Ingest:
         if malformed:  # counted where `job show` finds it; the cycle goes on
             self.state.count_ignored(job.job_id, {"malformed_event": malformed})
             self.metrics.ignored.labels(reason="malformed_event").inc(malformed)
+        acted = advice.acted_of(events)
+        if acted:  # the job's word that it left nodes on our advice (lifecycle.tick weighs it)
+            pairs = [p for p in (known.advice_acted or "").split(",") if p]
+            pairs += [f"{d}:{n}" for d, n in acted if f"{d}:{n}" not in pairs]
+            update["advice_acted"] = ",".join(pairs[-64:])
+            log.info("service.advice_reported", job_id=job.job_id, acted=acted)
         ends = [e["ts"] for e in events if e.get("name") == "checkpoint_end"]
         checkpoints = [t for t in ends if isinstance(t, int | float) and math.isfinite(t)]
         if checkpoints:  # a forged or broken ts is ignored, never fatal to the cycle

@@ -383,6 +383,8 @@ class Service:
             now,
             probe(self._detector_of, job, policy.detection.min_slowdown_pct),
             evicting=lambda: self._decisions.evicting(job.job_id),
+            advised=job_state.advised(),
+            acted=job_state.acted(),
         )
 
     def _tick(

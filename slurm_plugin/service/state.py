@@ -41,6 +41,7 @@ _STATE_ORDER = {
     "failed": 4,
     "abandoned": 4,
     "recorded": 4,
+    "acted": 4,
 }
 
 

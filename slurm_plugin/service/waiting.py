@@ -68,7 +68,8 @@ def waiting_of(rec: DecisionRecord, since: float | None) -> Waiting | None:
     waiting_for: WaitingFor = raw if raw in _WAITING_FOR else "checkpoint"  # type: ignore[assignment]
     start = since if since is not None else rec.detected_ts or 0.0
     rechecking = rec.rechecking_since if waiting_for == "recheck" else None
-    return Waiting(rec.id, tuple(found), start, waiting_for, rechecking)
+    advised = tuple(rec.nodes or (rec.node,)) if waiting_for == "advice" else ()
+    return Waiting(rec.id, tuple(found), start, waiting_for, rechecking, advised)
 
 
 #: What a candidate keeps of its own event (beside node, ranks and its incidents).

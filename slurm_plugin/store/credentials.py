@@ -56,7 +56,8 @@ def secret_key(job_id: str) -> str:
 
 
 def job_rules(job_id: str) -> list[str]:
-    """ACL SETUSER rules: append-only access to the job's own telemetry streams."""
+    """ACL SETUSER rules: append-only access to the job's own telemetry streams, and reading
+    the service's advice to it."""
     return [
         "reset",
         "on",
@@ -71,6 +72,9 @@ def job_rules(job_id: str) -> list[str]:
         "+cluster|shards",
         "+command",
         *(f"%W~{key}" for key in keys.job_streams(job_id)),
+        # The service's advice to the job (store/advice.py): read-only.
+        "+get",
+        f"%R~{keys.job_advice(job_id)}",
     ]
 
 

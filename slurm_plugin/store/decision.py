@@ -6,8 +6,9 @@ reads records of earlier releases (unknown fields kept out, unreadable values as
 
 Fields, in ``docs/redis-schema.md``:
 
-- what and where: ``job_id``, ``node``, ``nodes`` (every node an eviction excludes), ``action``
-  (``evict``, ``wait``, ``annotate``, ``none``, ``drain``, ``release``, ``report``, ``mark``
+- what and where: ``job_id``, ``node``, ``nodes`` (every node an eviction excludes or advice
+  names), ``action`` (``evict``, ``wait``, ``advise`` (the job advised to leave ``nodes``),
+  ``annotate``, ``none``, ``drain``, ``release``, ``report``, ``mark``
   and ``forgive`` of a node, ``hook`` (a node hook's run), an admin's ``pause``...), ``state``
   (the state machine of service/executor.py), ``kind`` (a report's, a hook run's);
 - the detection: ``cause``, ``scope``, ``slowdown_pct``, ``cusum_ratio``, ``ranks``, ``step``,
@@ -15,7 +16,8 @@ Fields, in ``docs/redis-schema.md``:
   again), ``candidates`` (nodes flagged while it waited), ``details`` (a report's event);
 - the verdict: ``decision``, ``reasons``, ``saved_s``, ``cost_s``, ``lasted_s``,
   ``expected_s``, ``lasting_p``, ``goodput_inputs``, ``node_incidents``, ``policy``,
-  ``waiting_for``, ``rechecking_since``, ``after``, ``hardware_evidence``, ``job_reported_gpu``;
+  ``waiting_for``, ``rechecking_since``, ``after``, ``advice_deadline_ts`` (until when the job
+  may leave the nodes itself), ``hardware_evidence``, ``job_reported_gpu``;
 - the job it acted on: ``job_user``, ``job_submit_ts``, ``job_first_submit_ts``,
   ``job_restarts``, ``job_sluid`` (its run's SLUID, 25.11 on), ``restarts_before``;
 - the action: ``planned_at``, ``held_at``, ``held_ts``, ``released_at``, ``excluded``,
@@ -80,6 +82,7 @@ class DecisionRecord(BaseModel):
     waiting_for: str | None = None
     rechecking_since: Number = None
     after: str | None = None
+    advice_deadline_ts: Number = None
     hardware_evidence: list[str] | None = None
     job_reported_gpu: list[str] | None = None
     # the job it acted on

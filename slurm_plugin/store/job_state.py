@@ -15,7 +15,9 @@ Fields, in ``docs/redis-schema.md``:
   waiting decision, empty when none), ``waiting_since``, ``wait_expired_ts``;
 - whose job it is (service/identity.py): ``identity_user``, ``identity_submit_ts``,
   ``identity_first_submit_ts``, ``identity_restarts``, ``identity_sluid`` (the run's SLUID,
-  25.11 on; empty before).
+  25.11 on; empty before);
+- advice (store/advice.py): ``advised_nodes`` (nodes the job was advised to leave),
+  ``advice_acted`` (``decision_id:node`` pairs the job reported leaving).
 """
 
 from __future__ import annotations
@@ -60,8 +62,26 @@ class JobState(BaseModel):
     identity_first_submit_ts: str | None = None
     identity_restarts: str | None = None
     identity_sluid: str | None = None
+    #: Nodes the job was advised to leave (comma-separated; store/advice.py): a node it is
+    #: still slow on after that is requeued away, never advised again.
+    advised_nodes: str | None = None
+    #: What the job reported it acted on: ``decision_id:node`` pairs, comma-separated.
+    advice_acted: str | None = None
     #: ``ignored_<reason>`` counts.
     ignored: dict[str, int] = {}
+
+    def advised(self) -> frozenset[str]:
+        """The nodes the job was advised to leave."""
+        return frozenset(n for n in (self.advised_nodes or "").split(",") if n)
+
+    def acted(self) -> dict[str, frozenset[str]]:
+        """Decision id -> the nodes the job reported leaving on its advice."""
+        found: dict[str, set[str]] = {}
+        for pair in (self.advice_acted or "").split(","):
+            decision_id, _, node = pair.partition(":")
+            if decision_id and node:
+                found.setdefault(decision_id, set()).add(node)
+        return {d: frozenset(nodes) for d, nodes in found.items()}
 
     def context(self) -> JobContext:
         """What the goodput rule knows of the job. A checkpoint that did not come within the

@@ -6,7 +6,7 @@ Fields: ``policy`` (the job's explicit choice, "" for none), ``nodes`` (SLURM_NO
 ``user``, ``attempt`` (SLURM_RESTART_COUNT), ``run`` (SLURM_JOB_SLUID, the run's unique id
 from Slurm 25.11 on; empty before), ``registered_at`` and, only when the job gave
 them, its own options (``sbatch --straggler-*``): ``max_requeues``, ``min_slowdown``,
-``notify``.
+``notify``, ``recovery``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ REGISTERED_AT = "registered_at"
 MAX_REQUEUES = "max_requeues"
 MIN_SLOWDOWN = "min_slowdown"
 NOTIFY = "notify"
+RECOVERY = "recovery"
 #: The job's own options, as the SPANK plugin names them (``--straggler-max-requeues``...).
-OPTIONS = (MAX_REQUEUES, MIN_SLOWDOWN, NOTIFY)
+OPTIONS = (MAX_REQUEUES, MIN_SLOWDOWN, NOTIFY, RECOVERY)
 FIELDS = (POLICY, NODES, USER, ATTEMPT, RUN, REGISTERED_AT, *OPTIONS)
 
 
@@ -53,6 +54,7 @@ class Registration:
             max_requeues=self.options.get(MAX_REQUEUES),
             min_slowdown=self.options.get(MIN_SLOWDOWN),
             notify=self.options.get(NOTIFY),
+            recovery=self.options.get(RECOVERY),
         )
 
 

@@ -15,13 +15,15 @@ from slurm_plugin.store.telemetry_store import Tls, connect
 
 
 def test_rules_grant_append_only_on_the_jobs_streams() -> None:
-    """The job user may XADD/EXPIRE its own three streams and PING; nothing else."""
+    """The job user may XADD/EXPIRE its own three streams, GET its advice and PING; nothing
+    else (read-only on the advice: a job never writes what the service advises it)."""
     rules = credentials.job_rules("42")
     assert rules[:4] == ["reset", "on", "resetchannels", "-@all"]
     assert {r for r in rules if r.startswith("+")} == {
         "+xadd",
         "+expire",
         "+ping",
+        "+get",
         "+cluster|slots",
         "+cluster|shards",
         "+command",
@@ -30,8 +32,9 @@ def test_rules_grant_append_only_on_the_jobs_streams() -> None:
         "%W~stg:job:{42}:steps",
         "%W~stg:job:{42}:events",
         "%W~stg:job:{42}:gpu",
+        "%R~stg:job:{42}:advice",
     }
-    assert not any(r.startswith(("~", "%R", "%RW", "allkeys", "&")) for r in rules)
+    assert not any(r.startswith(("~", "%RW", "allkeys", "&")) for r in rules)
 
 
 def test_hostile_job_id_is_refused() -> None:

@@ -27,6 +27,7 @@ def test_job_keys_share_one_hash_tag() -> None:
         "stg:job:{123}:gpu",
         "stg:job:{123}:events",
         "stg:job:{123}:service",
+        "stg:job:{123}:advice",
     ]
     assert keys.node("gpu-a17.rack3") == "stg:node:gpu-a17.rack3"
     assert keys.job_steps("123_4") == "stg:job:{123_4}:steps"
