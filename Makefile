@@ -120,10 +120,11 @@ test-releases:
 	if [ -n "$$failed" ]; then echo "test-releases: failed on$$failed" >&2; exit 1; fi
 
 # The demo: a real DDP job on the local cluster, node3 slowed down for real, detected and the
-# job requeued without it; then the same job under `observe` for comparison. Report in
+# job requeued without it; then the same job under `observe` for comparison, and under torch
+# elastic with advice first (node3 left inside the allocation, no requeue). Report in
 # demo-report/ (report.html, plot.svg, summary.json). The cluster stays up afterwards.
 demo: install
-	$(BIN)/straggler demo --out demo-report
+	$(BIN)/straggler demo --advice --out demo-report
 
 lint: install
 	$(BIN)/ruff check .

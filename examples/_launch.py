@@ -19,7 +19,10 @@ import torch.distributed as dist
 
 
 def torch_env() -> tuple[int, int]:
-    """Set torch.distributed's variables from Slurm's; returns (rank, world size)."""
+    """Set torch.distributed's variables from Slurm's; returns (rank, world size). Under
+    torchrun (torch elastic) its own variables stand: it sets them per worker and round."""
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
     world = int(os.environ.get("SLURM_NTASKS", os.environ.get("WORLD_SIZE", "1")))
     nodes = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
@@ -40,7 +43,7 @@ def init() -> tuple[int, int, torch.device]:
     rank, world = torch_env()
     cuda = torch.cuda.is_available()
     device = (
-        torch.device("cuda", int(os.environ.get("SLURM_LOCALID", "0")))
+        torch.device("cuda", int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))))
         if cuda
         else torch.device("cpu")
     )

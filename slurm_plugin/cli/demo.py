@@ -6,6 +6,7 @@ import functools
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -40,6 +41,14 @@ from slurm_plugin.errors import StragglerError
     help="Also run the same job under `observe` to measure the goodput gained.",
 )
 @click.option(
+    "--advice/--no-advice",
+    default=False,
+    show_default=True,
+    help="Also run the job under torch elastic on 4 nodes (3 needed) with advice first: node3 "
+    "left inside the allocation, no requeue; onset to a healthy step compared. One rank a "
+    "node steps ~3x faster here, so this run takes 3x --steps (node3 slow for as long).",
+)
+@click.option(
     "--out",
     "out_dir",
     type=click.Path(path_type=Path, file_okay=False),
@@ -55,6 +64,7 @@ def demo(
     slow_at: int,
     quota_pct: float,
     baseline: bool,
+    advice: bool,
     out_dir: Path,
     as_json: bool,
 ) -> None:
@@ -67,7 +77,7 @@ def demo(
             f"the demo's report needs the demo extra ({exc.name} is missing; hint: "
             "pip install 'slurm-straggler[demo]', or run `make demo`)"
         ) from exc
-    from slurm_plugin.demo.run import run_scenario, summarize  # noqa: PLC0415
+    from slurm_plugin.demo.run import REPO, run_scenario, summarize  # noqa: PLC0415
 
     # SIGTERM (a CI runner, `timeout`) must run the clean-up below like Ctrl-C does: stop the
     # service, lift node3's CPU quota, restore the prolog. Python's default handler would not.
@@ -80,28 +90,50 @@ def demo(
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = []
     # The job under `evict`, then (the baseline) the same job under `observe`: detected,
-    # never evicted. Each run has its own Redis database.
-    for policy, redis_db in (("evict", 13), ("observe", 12))[: 2 if baseline else 1]:
+    # never evicted; then (--advice) under torch elastic with advice first. Each run has its
+    # own Redis database.
+    plans = [("evict", 13, "requeue")]
+    plans += [("observe", 12, "requeue")] if baseline else []
+    plans += [("evict", 11, "advice")] if advice else []
+    for policy, redis_db, recovery in plans:
+        extra: dict[str, Any] = {}
+        run_steps = steps
         if policy == "observe":
             say("\nbaseline: the same job under `observe` (detected, never evicted)")
+        if recovery == "advice":
+            say("\nadvice: the job under torch elastic on 4 nodes, 3 needed (node3 may leave)")
+            extra = {
+                "script": REPO / "examples" / "elastic_train.sbatch",
+                "submit_args": ["--straggler-recovery=advice"],
+            }
+            run_steps = 3 * steps
         run = run_scenario(
             settings,
             cluster,
-            out_dir.resolve() / policy,
+            out_dir.resolve() / (policy if recovery == "requeue" else "advice"),
             policy=policy,
-            steps=steps,
+            steps=run_steps,
             slow_at=slow_at,
             quota_pct=quota_pct,
             redis_db=redis_db,
             say=say,
+            **extra,
         )
         runs.append((run, summarize(run)))
     ratio = runs[0][0].total_s / runs[1][0].total_s if baseline else None
+    compared = _compared([s for _, s in runs])
     report = out_dir / "report.html"
     write_report(report, runs)
     (out_dir / "summary.json").write_text(json.dumps([s for _, s in runs], indent=2))
     if as_json:
-        emit_json({"runs": [s for _, s in runs], "ratio": ratio, "report": str(report)})
+        emit_json(
+            {
+                "runs": [s for _, s in runs],
+                "ratio": ratio,
+                "onset_to_healthy_s": compared,
+                "report": str(report),
+            }
+        )
         return
     click.echo("\nsummary")
     for _, summary in runs:
@@ -110,7 +142,23 @@ def demo(
                 click.echo(f"  {key:24} {_shown(value)}")
         click.echo("")
     click.echo(headline([s for _, s in runs]))
+    shown = {k: _shown(None if v is None else round(v, 1)) for k, v in compared.items()}
+    if "advice" in compared:
+        line = f"onset to a healthy step: requeue {shown['requeue']} s, advice {shown['advice']} s"
+        requeue, advised = compared.get("requeue"), compared.get("advice")
+        if requeue and advised:
+            line += f" (advice {requeue / advised:.1f}x sooner)"
+        click.echo(line)
+    else:
+        click.echo(f"onset to a healthy step: {shown['requeue']} s")
     click.echo(f"report: {report}")
+
+
+def _compared(summaries: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Onset to the first healthy step, per recovery that evicted (requeue, advice)."""
+    return {
+        s["recovery"]: s.get("onset_to_healthy_s") for s in summaries if s.get("policy") == "evict"
+    }
 
 
 def _shown(value: object) -> str:

@@ -106,7 +106,7 @@ def run_scenario(
     run = DemoRun(policy=policy, started=time.time())
     try:
         run.job_id = _submit(policy, work, env, script, submit_args)
-        say(f"submitted job {run.job_id} (policy {policy}, {steps} steps, 6 ranks on 3 nodes)")
+        say(f"submitted job {run.job_id} (policy {policy}, {steps} steps, {script.name})")
         deadline = time.time() + timeout_s
         last_line = ""
         while time.time() < deadline:
@@ -375,8 +375,16 @@ def summarize(run: DemoRun) -> dict[str, Any]:
     )
     lost = lost_to_straggler_s(run, first_run, second_run, requeue_ts, work_lost)
     ranks = len({r.rank for r in run.records})
+    advised = any(d.get("action") == "advise" for d in run.decisions)
+    # When the job was first advised to leave node3 (its advice's entry in the audit).
+    advice_ts = min(
+        (float(e["updated_at"]) for e in run.audit if e.get("action") == "advise"),
+        default=None,
+    )
     return {
         "policy": run.policy,
+        # How node3 left: a requeue, or the job itself on advice (no requeue).
+        "recovery": "advice" if advised else "requeue",
         "job_id": run.job_id,
         "state": run.job.get("JobState"),
         "restarts": int(run.job.get("Restarts", "0") or 0),
@@ -400,6 +408,9 @@ def summarize(run: DemoRun) -> dict[str, Any]:
         ),
         "onset_to_requeue_s": (
             round(requeue_ts - run.onset_ts, 1) if requeue_ts and run.onset_ts else None
+        ),
+        "onset_to_advice_s": (
+            round(advice_ts - run.onset_ts, 1) if advice_ts and run.onset_ts else None
         ),
         "steps_per_s_before": round(_rate(first_run, None, run.onset_ts), 2),
         "steps_per_s_during": round(_rate(first_run, run.onset_ts, None), 2),

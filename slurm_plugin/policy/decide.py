@@ -292,7 +292,11 @@ def _blockers(
     reasons: list[str] = []
     if policy.actions.mode == "observe":
         reasons.append("policy observes only")
-    if not job.requeue:
+    # Advice first (recovery = "advice"): the job leaves the node inside its allocation, so
+    # what only a requeue needs (requeueable, room without the node) is asked only of the
+    # requeue at the advice's deadline (policy/lifecycle.py decides that one as "requeue").
+    requeue = policy.actions.recovery == "requeue"
+    if requeue and not job.requeue:
         reasons.append("job is not requeueable (--no-requeue)")
     if not job.running:
         reasons.append(f"job is {job.state.lower()}, not running")
@@ -303,7 +307,7 @@ def _blockers(
     safety = cluster.safety
     needed = job.node_count + safety.min_spare_nodes
     left = _usable_after_exclusion(job, node, cluster.nodes)
-    if left < needed:
+    if requeue and left < needed:
         reasons.append(
             f"excluding {node} would leave {left} usable nodes in partition "
             f"{job.partition}; the job needs {needed}"

@@ -205,6 +205,8 @@ class Advise:
     detected_ts: float
     node_incidents: int = 0
     extra: dict[str, object] = field(default_factory=dict)
+    #: The waiting decision it leaves (its candidates: every advised node with its event).
+    waiting: Waiting | None = None
 
 
 Effect = Record | Joined | Rechecking | Missed | Close | Evict | Advise
@@ -236,6 +238,7 @@ def _act(
         evict.detected_ts,
         evict.node_incidents,
         {**evict.extra, "waiting_for": "advice"},
+        state,
     )
     return state, advise
 
@@ -264,6 +267,7 @@ def detected(
     world: World,
 ) -> tuple[Waiting | None, list[Effect], Decision]:
     """A straggler ``event`` on the job, ``decision_id`` the id a new decision takes."""
+    world = _advised_before(world, event.node)
     ctx = replace(world.ctx, node_incidents=node_incidents)
     decision, settled = _verdict(event, world, ctx)
     if state is not None and state.waiting_for == "advice" and event.node in state.advised:
@@ -351,6 +355,22 @@ def _joining(
     return chosen[1:]
 
 
+def _advised_before(world: World, node: str) -> World:
+    """A node the job was advised to leave before is decided on as a requeue (never
+    advised again, and only with a requeue's rails)."""
+    if node not in world.advised:
+        return world
+    return replace(world, policy=requeue_only(world.policy))
+
+
+def requeue_only(policy: Policy) -> Policy:
+    """``policy`` deciding a requeue (``recovery = "requeue"``)."""
+    if policy.actions.recovery == "requeue":
+        return policy
+    actions = policy.actions.model_copy(update={"recovery": "requeue"})
+    return policy.model_copy(update={"actions": actions})
+
+
 def _advice_due(state: Waiting, world: World) -> Literal["acted", "advice deadline"] | None:
     """The job left every advised node (by its own report), or its deadline passed."""
     if state.advised and set(state.advised) <= world.acted.get(state.decision_id, frozenset()):
@@ -410,10 +430,13 @@ def tick(state: Waiting | None, world: World) -> tuple[Waiting | None, list[Effe
     if after == "acted":
         left = ", ".join(state.advised)
         return None, [Close(state.decision_id, note=f"{ACTED}: {left}", acted=True)]
+    if after == "advice deadline":  # the requeue it falls back to: its rails, as a requeue
+        world = replace(world, policy=requeue_only(world.policy))
     effects: list[Effect] = []
     if after == "max wait":
         effects.append(Missed(world.now))
     chosen = slowest(state, world)
+    world = _advised_before(world, chosen.event.node)
     # Decided again on the chosen node's own event, flagged at the original step, now.
     event = replace(chosen.event, ts=world.now, step=state.event.step)
     ctx = replace(world.ctx, reports_checkpoints=False, node_incidents=chosen.node_incidents)
@@ -467,6 +490,7 @@ __all__ = [
     "detected",
     "ended",
     "peers_of",
+    "requeue_only",
     "slowest",
     "tick",
 ]

@@ -204,6 +204,8 @@ class Decisions:
                 "node": nodes[0],
                 "nodes": nodes,
                 "advice_deadline_ts": f"{effect.deadline_ts:.3f}",
+                # Every advised node with its own event: decided again at the deadline.
+                "candidates": candidates_field(effect.waiting) if effect.waiting else [],
             },
         )
         known = self.state.job_state(job.job_id).advised()

@@ -53,6 +53,9 @@ def _ranks_allowed(job: JobInfo) -> int:
 class _JobView:
     attempt: int = -1
     rank_nodes: dict[int, str] = field(default_factory=dict)
+    #: The job re-formed its ranks inside this attempt (it left nodes on advice: torch
+    #: elastic numbers the ranks anew): a rank seen on another node is bound there.
+    regroup: bool = False
 
     def all_bound(self, rank: np.ndarray, node_code: np.ndarray, nodes: Sequence[str]) -> bool:
         """Every record's rank is already bound, to the node the record names (the common
@@ -112,7 +115,7 @@ class EvidenceFilter:
         current = np.maximum.accumulate(np.concatenate(([view.attempt], attempt[rows])))[1:]
         for value in np.unique(current) if len(rows) else []:
             if value > view.attempt:
-                view.attempt, view.rank_nodes = int(value), {}
+                view.attempt, view.rank_nodes, view.regroup = int(value), {}, False
             mine = rows[(current == value) & (attempt[rows] == value)]
             moved[mine] = self._moved(view, rank[mine], node_code[mine], nodes)
         keep &= ~moved
@@ -157,6 +160,10 @@ class EvidenceFilter:
     ) -> np.ndarray:
         """Which of these records (of the attempt in force, in order) have a rank off the
         node it was first seen on; binds the ranks seen for the first time."""
+        if view.regroup:  # the newest record of a rank says where it runs now
+            for r, code in zip(rank.tolist(), node_code.tolist(), strict=True):
+                view.rank_nodes[r] = nodes[code]
+            return np.zeros(len(rank), dtype=bool)
         ranks, first, inverse = np.unique(rank, return_index=True, return_inverse=True)
         codes = {name: i for i, name in enumerate(nodes)}
         bound = np.empty(len(ranks), dtype=np.int64)
@@ -168,6 +175,11 @@ class EvidenceFilter:
     def forget(self, job_id: str) -> None:
         """Drop one job."""
         self._jobs.pop(job_id, None)
+
+    def regrouped(self, job_id: str) -> None:
+        """The job left nodes inside its allocation on advice and re-forms its ranks: until its
+        next attempt a rank may turn up on another of its nodes (bound there, not dropped)."""
+        self._jobs.setdefault(job_id, _JobView()).regroup = True
 
     def forget_all_but(self, running: Iterable[str]) -> None:
         """Drop every job not in ``running``."""

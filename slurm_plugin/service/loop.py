@@ -397,11 +397,22 @@ class Service:
             return
         policy = self.policy_for(job)
         _, effects = lifecycle.tick(held, self._world(job, job_state, policy, nodes, now))
+        if any(isinstance(e, lifecycle.Close) and e.acted for e in effects):
+            self._regrouped(job.job_id)
         report.decisions += [
             d
             for d in self._decisions.carry_out(effects, job, policy, now)
             if d.get("action") == "evict"
         ]
+
+    def _regrouped(self, job_id: str) -> None:
+        """The job left nodes on advice and re-forms its ranks without them (torch elastic
+        numbers them anew): its ranks may move to other nodes, and its detector learns the
+        new group from scratch."""
+        self._ingest.evidence.regrouped(job_id)
+        detector = self._detector_of(job_id)
+        if detector is not None:
+            detector.forget(job_id)
 
     def _node_incidents(self, node: str, job: JobInfo, now: float) -> int:
         """Other jobs that saw ``node`` slow within the persistence window (the goodput

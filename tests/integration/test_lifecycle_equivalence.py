@@ -80,6 +80,9 @@ class Scenario:
     #: The shipped policy as it is (a slowdown may be a passing episode), else each slowdown
     #: taken for a fault.
     shipped: bool
+    #: Each slowdown taken for a fault, and an eviction advice first (recovery = "advice":
+    #: nothing here acts on it, so it is a requeue at the advice's deadline).
+    advice: bool = False
     script: dict[float, list[StragglerEvent]] = field(default_factory=dict)
 
     @classmethod
@@ -100,7 +103,8 @@ class Scenario:
             rng.choice([None, rng.randrange(40, 300)]),
             300,
             seed,
-            rng.random() < 0.5,
+            (shipped := rng.random() < 0.5),
+            not shipped and rng.random() < 0.4,
         )
 
     def factor(self, node: str, cycle: int) -> float:
@@ -150,8 +154,11 @@ class Harness:
     make: Callable[..., tuple[Service, ServiceState, TelemetryStore]]
     shipped: Path
     fault: Path
+    advice: Path
 
     def policies(self, sc: Scenario) -> Path:
+        if sc.advice:
+            return self.advice
         return self.shipped if sc.shipped else self.fault
 
 
@@ -160,6 +167,9 @@ def harness(private_redis: RedisServer, tmp_path: Path) -> Iterator[Harness]:
     clients: list[redis.Redis] = []
     shipped = copy_policies(tmp_path / "shipped", persistent_prior=None)
     fault = copy_policies(tmp_path / "fault")
+    advice = copy_policies(tmp_path / "advice")
+    evict = advice / "evict.toml"
+    evict.write_text(evict.read_text().replace("[actions]\n", '[actions]\nrecovery = "advice"\n'))
 
     def make(
         slurm: FakeScheduler,
@@ -184,7 +194,7 @@ def harness(private_redis: RedisServer, tmp_path: Path) -> Iterator[Harness]:
         )
         return service, state, store
 
-    yield Harness(make, shipped, fault)
+    yield Harness(make, shipped, fault, advice)
     for client in clients:
         client.close()
 
@@ -381,6 +391,7 @@ def test_the_service_and_the_replay_take_the_same_actions(harness: Harness) -> N
         if sc.ends is not None and any(a == "wait" for a in verdicts) and not evictions:
             seen["ended waiting"] = seen.get("ended waiting", 0) + 1
     wanted = {"after detection", "after checkpoint", "after max wait", "evict", "wait"}
+    wanted |= {"after advice deadline"}
     assert wanted | {"annotate", "none", "ended waiting", "several nodes in one requeue"} <= set(
         seen
     ), seen

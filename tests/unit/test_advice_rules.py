@@ -9,12 +9,13 @@ from dataclasses import replace
 import pytest
 
 from slurm_plugin.errors import TelemetryError
+from slurm_plugin.model.cluster import NodeInfo
 from slurm_plugin.policy import lifecycle
 from slurm_plugin.policy.decide import JobContext
 from slurm_plugin.policy.lifecycle import Advise, Close, Evict, Waiting, World
 from slurm_plugin.policy.loader import JobOptions, apply_job_overrides
 from slurm_plugin.store import advice, job_state
-from tests.unit.test_decide import NOW, POLICIES
+from tests.unit.test_decide import BASE_JOB, NODES, NOW, POLICIES
 from tests.unit.test_lifecycle import _event, _world
 
 
@@ -131,3 +132,30 @@ def test_a_job_chooses_its_recovery(given: str | None, recovery: str) -> None:
     chooses; anything else than the two keeps the policy's."""
     policy = apply_job_overrides(POLICIES["evict"], JobOptions(recovery=given))
     assert policy.actions.recovery == recovery
+
+
+def test_advice_needs_no_room_for_a_requeue_but_its_requeue_does() -> None:
+    """A job on every node of its partition (4 of 4, needing 4): a requeue without node3
+    could never start, advice can (the job goes on in its allocation without it). At the
+    deadline the requeue's rails decide: no room, so no requeue; and node3 slow again later
+    is never requeued into a partition without room either."""
+    full = tuple(NodeInfo(n.name, "allocated", (), "", ("debug",)) for n in NODES[:4])
+    job = replace(BASE_JOB, nodes=tuple(n.name for n in full), node_count=4)
+
+    def world(now: float, **changes: object) -> World:
+        base = _advising(now)
+        return replace(base, job=job, cluster=replace(base.cluster, nodes=full), **changes)
+
+    state, (given,), _ = lifecycle.detected(None, _event(), 0, "d1", world(NOW))
+    assert isinstance(given, Advise)
+    assert state is not None
+    deadline = NOW + POLICIES["evict"].actions.advice_deadline_s
+    closed, (close,) = lifecycle.tick(state, world(deadline, advised=frozenset({"node3"})))
+    assert closed is None
+    assert isinstance(close, Close)
+    assert not close.acted
+    assert any("usable nodes" in r for r in close.reasons), close
+    again = world(deadline + 60, advised=frozenset({"node3"}))
+    _, effects, decision = lifecycle.detected(None, _event(), 0, "d2", again)
+    assert decision.action != "evict"
+    assert not any(isinstance(e, Evict | Advise) for e in effects)

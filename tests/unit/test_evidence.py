@@ -134,6 +134,27 @@ def test_a_new_attempt_rebinds_ranks() -> None:
     assert len(kept) == 1  # forgotten: node1 is the first binding again
 
 
+def test_a_job_that_left_nodes_on_advice_may_renumber_its_ranks() -> None:
+    """torch elastic numbers the ranks of a group re-formed without a node anew: once the job
+    left nodes on advice, a rank on another of its nodes is bound there (not dropped), until
+    the next attempt, where the usual rule holds again."""
+    evidence = EvidenceFilter()
+    job = replace(JOB, nodes=("node1", "node2", "node3"), node_count=3)
+    _filter(evidence, job, [_rec(0, "node1"), _rec(1, "node2"), _rec(2, "node3")])
+    _, dropped = _filter(evidence, job, [_rec(1, "node3", step=1)])
+    assert dropped["rank_moved"] == 1
+    evidence.regrouped(job.job_id)
+    kept, dropped = _filter(evidence, job, [_rec(1, "node3", step=2), _rec(0, "node2", step=2)])
+    assert len(kept) == 2
+    assert not dropped
+    kept, dropped = _filter(evidence, job, [_rec(1, "node3", step=3), _rec(1, "node1", step=3)])
+    assert len(kept) == 2
+    later = replace(job, restarts=2)
+    _filter(evidence, later, [_rec(0, "node1", attempt=2)])
+    _, dropped = _filter(evidence, later, [_rec(0, "node2", attempt=2, step=1)])
+    assert dropped["rank_moved"] == 1
+
+
 def _sample(node: str, **gpu: object) -> dict[str, object]:
     base = {"index": 2, "sm_clock_mhz": 1980, "sm_clock_max_mhz": 1980, "throttle_reasons": []}
     return {"node": node, "gpus": [{**base, **gpu}]}

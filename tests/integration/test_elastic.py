@@ -1,0 +1,163 @@
+"""Recovery inside the allocation (issue 40): a real torch elastic job across 4 dev-cluster
+nodes, 3 of them enough (``torchrun --nnodes 3:4``, each node's launcher under
+``straggler leave-on-advice``), node3 slowed by the demo's CPU quota, submitted with
+``--straggler-recovery=advice``. The service advises the job to leave node3; node3's
+launcher stops, the other three re-form and resume from the last checkpoint, and the job
+completes with no Slurm requeue. Advice not acted on is requeued at its deadline, as today
+(and over a fake Slurm, rule by rule: test_advice.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.config import Settings
+from slurm_plugin.demo.run import REPO, run_scenario, summarize
+from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.errors import DevClusterError
+from slurm_plugin.model.records import StepRecord
+from slurm_plugin.service.state import ServiceState
+from slurm_plugin.store import advice
+from slurm_plugin.store.telemetry_store import connect
+from tests.integration.conftest import Slurm, copy_policies, wait_for
+from tests.integration.test_service import _submit
+
+pytest.importorskip("torch", reason="the torch extra is installed by `make install`")
+
+pytestmark = pytest.mark.cluster
+
+#: The longest the job may take from the advice to its first step without node3, s: the
+#: launcher's read of the advice (every 2 s), torch elastic's failure detection and new
+#: rendezvous (last call 2 s, heartbeats 1 s), the workers' start and checkpoint load;
+#: measured ~20-30 s here (2 cores shared by 4 nodes), documented in the README.
+RECOVERY_BOUND_S = 90.0
+
+
+def test_an_elastic_job_leaves_the_slow_node_without_a_requeue(
+    cluster: DevCluster, tmp_path: Path
+) -> None:
+    lines: list[str] = []
+
+    def seen() -> str:
+        log = tmp_path / "run" / "service.log"
+        service = log.read_text().splitlines() if log.exists() else []
+        output = tmp_path / "run" / "job.log"
+        job = output.read_text().splitlines() if output.exists() else []
+        keep = [x for x in service if "service.cycle" not in x]
+        return "\n".join([*lines[-30:], *keep[-40:], *job[-40:]])
+
+    try:
+        run = run_scenario(
+            Settings(),
+            cluster,
+            tmp_path / "run",
+            policy="evict",
+            steps=600,
+            slow_at=60,
+            quota_pct=10,
+            redis_db=11,
+            say=lines.append,
+            timeout_s=600,
+            script=REPO / "examples" / "elastic_train.sbatch",
+            submit_args=["--straggler-recovery=advice"],
+            policy_dir=copy_policies(tmp_path / "policies"),
+        )
+    except DevClusterError as exc:
+        pytest.fail(f"{exc}\n{seen()}")
+    assert run.job.get("JobState") == "COMPLETED", seen()
+    assert run.job.get("Restarts") == "0", seen()
+    advised = [d for d in run.decisions if d.get("action") in {"advise", "evict"}]
+    assert len(advised) == 1, seen()
+    (decision,) = advised
+    assert (decision["action"], decision["state"]) == ("advise", "acted"), seen()
+    assert json.loads(decision["nodes"]) == ["node3"]
+    acted_ts = max(
+        float(e["updated_at"])
+        for e in run.audit
+        if e.get("id") == decision["id"] and e.get("state") == "acted"
+    )
+    advised_ts = min(
+        float(e["updated_at"])
+        for e in run.audit
+        if e.get("id") == decision["id"] and e.get("action") == "advise"
+    )
+    # node3's ranks are gone: nothing of node3 stamped after the job reported leaving it.
+    late = [r for r in run.records if r.node == "node3" and r.ts > acted_ts]
+    assert late == [], seen()
+    after = sorted(r.ts for r in run.records if r.ts > advised_ts + 1.0 and r.node != "node3")
+    assert after, seen()
+    # The first step of the three: the newest step number resets to the checkpoint's.
+    resumed = [line for line in run.output.splitlines() if "resumed from checkpoint" in line]
+    assert resumed, seen()
+    assert "on 3 ranks" in run.output, seen()
+    # The re-formed group numbers its ranks anew: believed on their new nodes, none dropped.
+    url = cluster.redis_url.rsplit("/", 1)[0] + "/11"
+    state = ServiceState(connect(url, decode=True)).job_state(run.job_id)
+    assert state.ignored.get("rank_moved", 0) == 0, state.ignored
+    gap = _recovery_s(run.records, advised_ts)
+    healthy = summarize(run)["onset_to_healthy_s"]
+    print(  # noqa: T201 - the measured figures
+        f"advice to the first step on 3 nodes: {gap:.1f} s; onset to a healthy step: {healthy} s"
+    )
+    assert gap <= RECOVERY_BOUND_S, seen()
+
+
+def _recovery_s(records: list[StepRecord], advised_ts: float) -> float:
+    """From the advice to the first step of the group re-formed without node3: the first
+    record of another node stamped after node3's last one (the others' steps in flight when
+    node3 left end within a second of it)."""
+    last = max((r.ts for r in records if r.node == "node3"), default=advised_ts)
+    first = min((r.ts for r in records if r.node != "node3" and r.ts > last + 1.0), default=None)
+    return float("inf") if first is None else first - advised_ts
+
+
+def test_advice_not_acted_on_is_a_requeue_at_its_deadline(
+    slurm: Slurm,
+    job_dir: Path,
+    state: ServiceState,
+    service: subprocess.Popen[bytes],
+    env: dict[str, str],
+) -> None:
+    """The same advice to a job whose launcher cannot act on it (fake ranks under plain
+    srun): nothing is requeued before the policy's deadline; then the job is requeued
+    without node3 as today (Restarts=1, ExcNodeList=node3), the decision that advised it
+    now an eviction ``after`` ``advice deadline``, its advice withdrawn."""
+    policies = Path(env["STRAGGLER_SERVICE_POLICY_DIR"])
+    shipped = (policies / "evict.toml").read_text()
+    deadline_s = 15
+    (policies / "evict-advice.toml").write_text(
+        shipped.replace(
+            "[actions]\n",
+            f'[actions]\nrecovery = "advice"\nadvice_deadline_s = {deadline_s}\n',
+        )
+    )
+    job = _submit(slurm, job_dir, "evict-advice")
+    slurm.wait_job(job, "RUNNING")
+
+    def advised() -> dict[str, str] | None:
+        found = [d for d in state.job_decisions(job) if d.get("action") == "advise"]
+        return found[0] if found else None
+
+    wait_for(lambda: advised() is not None, 120, "the service to advise the job")
+    given = advised()
+    assert given is not None
+    advice_read = advice.read(state.client, job)
+    assert advice_read is not None
+    assert advice_read.leave == ["node3"]
+    assert slurm.job(job)["Restarts"] == "0"
+
+    def requeued() -> bool:
+        record = slurm.job(job)
+        return record["Restarts"] == "1" and record["JobState"] == "RUNNING"
+
+    wait_for(requeued, 120, "the job requeued at the advice's deadline")
+    record = slurm.job(job)
+    assert record["ExcNodeList"] == "node3"
+    (decision,) = [d for d in state.job_decisions(job) if d["id"] == given["id"]]
+    assert (decision["action"], decision["after"]) == ("evict", "advice deadline"), decision
+    held = float(decision["held_ts"])
+    assert held - float(given["advice_deadline_ts"]) > -1.5, (held, given)
+    assert advice.read(state.client, job) is None
