@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 import tomllib
@@ -12,7 +11,7 @@ from typing import Any
 
 import click
 
-from slurm_plugin.cli.common import json_option, span
+from slurm_plugin.cli.common import json_option, span, this_node
 from slurm_plugin.cli.output import emit_json
 from slurm_plugin.config import Settings, load_settings
 from slurm_plugin.errors import StragglerError
@@ -76,7 +75,7 @@ def show_advice(settings: Settings, job_id: str, as_json: bool) -> None:
 )
 @click.option(
     "--node",
-    default=lambda: os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],
+    default=this_node,
     help="The node this launcher runs on (default: $SLURMD_NODENAME, else this host).",
 )
 @click.option(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import getpass
 import os
 import re
+import socket
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -51,6 +52,11 @@ def parse_duration(text: str) -> float:
     if not 0 < seconds <= MAX_DURATION_S:
         raise click.BadParameter(f"{text[:40]!r}: a duration is more than 0 and at most 3650d")
     return seconds
+
+
+def this_node() -> str:
+    """The node a command runs on: Slurm's name for it inside a job, else the short host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
 def actor() -> str:

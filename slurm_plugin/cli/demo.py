@@ -130,7 +130,7 @@ def demo(
             {
                 "runs": [s for _, s in runs],
                 "ratio": ratio,
-                "onset_to_healthy_s": compared,
+                "to_healthy_s": compared,
                 "report": str(report),
             }
         )
@@ -142,22 +142,29 @@ def demo(
                 click.echo(f"  {key:24} {_shown(value)}")
         click.echo("")
     click.echo(headline([s for _, s in runs]))
-    shown = {k: _shown(None if v is None else round(v, 1)) for k, v in compared.items()}
-    if "advice" in compared:
-        line = f"onset to a healthy step: requeue {shown['requeue']} s, advice {shown['advice']} s"
-        requeue, advised = compared.get("requeue"), compared.get("advice")
+    for start in ("onset", "action"):
+        key = f"{start}_to_healthy_s"
+        figures = {r: f.get(key) for r, f in compared.items()}
+        line = f"{start} to a healthy step: " + ", ".join(
+            f"{r} {_shown(v)} s" for r, v in figures.items()
+        )
+        requeue, advised = figures.get("requeue"), figures.get("advice")
         if requeue and advised:
-            line += f" (advice {requeue / advised:.1f}x sooner)"
+            line += f" (requeue / advice: {requeue / advised:.2f})"
         click.echo(line)
-    else:
-        click.echo(f"onset to a healthy step: {shown['requeue']} s")
     click.echo(f"report: {report}")
 
 
-def _compared(summaries: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Onset to the first healthy step, per recovery that evicted (requeue, advice)."""
+def _compared(summaries: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Per recovery that evicted (requeue, advice): onset and its action (the requeue, the
+    advice) to the first healthy step."""
     return {
-        s["recovery"]: s.get("onset_to_healthy_s") for s in summaries if s.get("policy") == "evict"
+        s["recovery"]: {
+            "onset_to_healthy_s": s.get("onset_to_healthy_s"),
+            "action_to_healthy_s": s.get("action_to_healthy_s"),
+        }
+        for s in summaries
+        if s.get("policy") == "evict"
     }
 
 

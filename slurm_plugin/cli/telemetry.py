@@ -6,7 +6,6 @@ import contextlib
 import math
 import os
 import signal
-import socket
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import TextIO
 
 import click
 
-from slurm_plugin.cli.common import json_option
+from slurm_plugin.cli.common import json_option, this_node
 from slurm_plugin.cli.output import emit_json
 from slurm_plugin.config import Settings
 from slurm_plugin.errors import StragglerError
@@ -124,7 +123,7 @@ def _facts(settings: Settings, job_id: str) -> tuple[list[tuple[str, JobFacts]],
 )
 @click.option(
     "--node",
-    default=lambda: os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],
+    default=this_node,
     help="Node name (default: this host).",
 )
 @click.option(
@@ -165,7 +164,7 @@ def sidecar(
 @click.command("relay")
 @click.option(
     "--node",
-    default=lambda: os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],
+    default=this_node,
     help="This node's name, put on every flush relayed (default: this host).",
 )
 @click.option(

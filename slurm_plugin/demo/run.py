@@ -344,6 +344,11 @@ def _step(decision: dict[str, str]) -> int:
     return -1 if step is None else step
 
 
+def _round(value: float | None) -> float | None:
+    """A figure to 0.1 s; None for none (or NaN)."""
+    return None if value is None or not math.isfinite(value) else round(value, 1)
+
+
 def summarize(run: DemoRun) -> dict[str, Any]:
     """The figures of one run: detection delay, onset -> requeue, step rates, work lost."""
     nodes = expand_hostlist(run.job.get("NodeList", ""))
@@ -367,20 +372,26 @@ def summarize(run: DemoRun) -> dict[str, Any]:
         for line in run.output.splitlines()
         if line.startswith("resumed from checkpoint at step")
     ]
-    # The step at the hold, from what the job reported: the newest step of any rank of the
-    # first run (rank 0's newest may be a flush behind), never fewer steps lost than none.
-    last_before = max((r.step for r in run.records if r.attempt == 0), default=None)
-    work_lost = (
-        max(0, last_before + 1 - resumed[-1]) if resumed and last_before is not None else None
-    )
-    lost = lost_to_straggler_s(run, first_run, second_run, requeue_ts, work_lost)
-    ranks = len({r.rank for r in run.records})
     advised = any(d.get("action") == "advise" for d in run.decisions)
     # When the job was first advised to leave node3 (its advice's entry in the audit).
     advice_ts = min(
         (float(e["updated_at"]) for e in run.audit if e.get("action") == "advise"),
         default=None,
     )
+    # The step at the hold, from what the job reported: the newest step of any rank of the
+    # first run (rank 0's newest may be a flush behind), never fewer steps lost than none;
+    # after advice (no new attempt), the newest step until node3's last record.
+    left_ts = max((r.ts for r in run.records if r.node == SLOW_NODE), default=math.inf)
+    last_before = max(
+        (r.step for r in run.records if r.attempt == 0 and (not advised or r.ts <= left_ts)),
+        default=None,
+    )
+    work_lost = (
+        max(0, last_before + 1 - resumed[-1]) if resumed and last_before is not None else None
+    )
+    lost = lost_to_straggler_s(run, first_run, second_run, requeue_ts, work_lost)
+    healthy = onset_to_healthy_s(run, first_run, second_run)
+    ranks = len({r.rank for r in run.records})
     return {
         "policy": run.policy,
         # How node3 left: a requeue, or the job itself on advice (no requeue).
@@ -415,7 +426,13 @@ def summarize(run: DemoRun) -> dict[str, Any]:
         "steps_per_s_before": round(_rate(first_run, None, run.onset_ts), 2),
         "steps_per_s_during": round(_rate(first_run, run.onset_ts, None), 2),
         "steps_per_s_after": round(_rate(second_run), 2),
-        "onset_to_healthy_s": onset_to_healthy_s(run, first_run, second_run),
+        "onset_to_healthy_s": _round(healthy),
+        # From the requeue (or the advice) to that step: what the recovery itself took.
+        "action_to_healthy_s": _round(
+            healthy - (requeue_ts or advice_ts or math.nan) + (run.onset_ts or math.nan)
+            if healthy is not None
+            else None
+        ),
         "resumed_from_step": resumed[-1] if resumed else None,
         "work_lost_steps": work_lost,
         "ranks": ranks,

@@ -192,3 +192,39 @@ def test_the_report_renders_in_chromium_without_overflow(tmp_path: Path, width: 
         assert image.size == (width, 2400)
         colours = image.convert("RGB").getcolors(maxcolors=1_000_000) or []
     assert len(colours) > 200, "the screenshot is (nearly) blank"
+
+
+def test_an_advised_run_counts_from_the_advice() -> None:
+    """Issue 40 item 4, advice: no new attempt, so the work done twice is counted up to the
+    step at which node3 left, and the recovery from the advice (its audit entry) to the first
+    healthy step of the group without node3."""
+    first = {0: "node1", 1: "node2", 2: "node3", 3: "node4"}
+    regrouped = {0: "node1", 1: "node2", 2: "node4"}
+    run = DemoRun(policy="evict", job_id="9", started=T0, finished=T0 + 60)
+    run.onset_ts, run.onset_step = T0 + 11.0, 60
+    before = _records(0, range(86), T0 + 5, first, 60)  # node3 leaves after step 85
+    run.records = before + _records(0, range(80, 200), T0 + 30, regrouped, 10_000)
+    run.decisions = [
+        {
+            "id": "d-5e6f",
+            "node": "node3",
+            "action": "advise",
+            "state": "acted",
+            "step": "70",
+            "detected_ts": str(T0 + 18.0),
+        }
+    ]
+    run.audit = [
+        {"id": "d-5e6f", "action": "advise", "state": "waiting", "updated_at": str(T0 + 20.0)},
+        {"id": "d-5e6f", "action": "advise", "state": "acted", "updated_at": str(T0 + 24.0)},
+    ]
+    run.job = {"JobState": "COMPLETED", "Restarts": "0", "NodeList": "node[1-4]"}
+    run.output = "resumed from checkpoint at step 80\n"
+    summary = summarize(run)
+    assert summary["recovery"] == "advice"
+    assert summary["onset_to_advice_s"] == pytest.approx(9.0)
+    assert summary["work_lost_steps"] == 6  # 80..85 done twice, not every step after
+    healthy = summary["onset_to_healthy_s"]
+    assert healthy is not None
+    assert summary["action_to_healthy_s"] == pytest.approx(healthy - 9.0, abs=0.11)
+    assert summary["onset_to_requeue_s"] is None
