@@ -18,10 +18,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from slurm_plugin.errors import RedisUnavailableError, TelemetryError
+from slurm_plugin.errors import TelemetryError
 from slurm_plugin.model import keys
 
 #: The record's layout version (readers refuse one they do not know).
@@ -76,11 +75,8 @@ def withdraw(client: Any, job_id: str, decision_id: str) -> bool:
 
 def read(client: Any, job_id: str) -> Advice | None:
     """The job's advice; None when there is none. A record this release cannot read raises
-    :class:`TelemetryError`; Redis away, :class:`RedisUnavailableError`."""
-    try:
-        raw = client.get(keys.job_advice(job_id))
-    except redis.RedisError as exc:
-        raise RedisUnavailableError(f"reading the advice of job {job_id} failed: {exc}") from exc
+    :class:`TelemetryError`; Redis away, redis-py's error (the CLI names the server)."""
+    raw = client.get(keys.job_advice(job_id))
     if raw is None:
         return None
     return decode(raw)

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import redis
 import structlog
 
 from slurm_plugin.errors import StragglerError
@@ -52,7 +53,7 @@ def advised_here(watch: Watch) -> Advice | None:
     another node's, an expired one, or Redis away: logged)."""
     try:
         found = watch.read()
-    except StragglerError as exc:
+    except (StragglerError, redis.RedisError) as exc:  # waited out: the launcher runs on
         log.warning("leave.advice_unread", job_id=watch.job_id, error=str(exc))
         return None
     if found is None or found.job_id != watch.job_id or not found.for_node(watch.node):

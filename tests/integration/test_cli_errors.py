@@ -35,6 +35,7 @@ REDIS_COMMANDS = {
     "policy revert": ["evict"],
     "export": ["1"],
     "serve": ["--once"],
+    "advice": ["1"],
 }
 # Every leaf command that asks Slurm.
 SLURM_COMMANDS = ["jobs", "node show", "node forgive", "node mark", "serve"]
@@ -52,6 +53,9 @@ NEITHER = {
     "sidecar",
     "relay",
 }
+# Commands that wait Redis out rather than fail (tested below): a node's launcher under
+# leave-on-advice must never stop because Redis is away.
+WAITS_REDIS_OUT = {"leave-on-advice"}
 
 
 def _leaves(command: click.Command, path: tuple[str, ...] = ()) -> Iterator[str]:
@@ -64,7 +68,27 @@ def _leaves(command: click.Command, path: tuple[str, ...] = ()) -> Iterator[str]
 
 def test_the_lists_cover_the_whole_command_tree() -> None:
     """A new command must say here whether it touches Redis (then it is tested below)."""
-    assert set(_leaves(cli)) == set(REDIS_COMMANDS) | NEITHER
+    assert set(_leaves(cli)) == set(REDIS_COMMANDS) | NEITHER | WAITS_REDIS_OUT
+
+
+def test_leave_on_advice_runs_its_launcher_with_redis_away() -> None:
+    """Redis refuses connections: the launcher still runs to its end and its status is the
+    command's, with a warning at most and never a traceback."""
+    env = {**os.environ, "STRAGGLER_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    argv = ["leave-on-advice", "--job", "1", "--node", "node1", "--every", "0.2", "--"]
+    launcher = [sys.executable, "-c", "import time; time.sleep(1.5); raise SystemExit(4)"]
+    result = subprocess.run(
+        [sys.executable, "-m", "slurm_plugin.cli.main", *argv, *launcher],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 4, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "leave.advice_unread" in result.stderr
 
 
 def _run(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -142,9 +142,10 @@ def test_advice_needs_no_room_for_a_requeue_but_its_requeue_does() -> None:
     full = tuple(NodeInfo(n.name, "allocated", (), "", ("debug",)) for n in NODES[:4])
     job = replace(BASE_JOB, nodes=tuple(n.name for n in full), node_count=4)
 
-    def world(now: float, **changes: object) -> World:
+    def world(now: float, advised: frozenset[str] = frozenset()) -> World:
         base = _advising(now)
-        return replace(base, job=job, cluster=replace(base.cluster, nodes=full), **changes)
+        cluster = replace(base.cluster, nodes=full)
+        return replace(base, job=job, cluster=cluster, advised=advised)
 
     state, (given,), _ = lifecycle.detected(None, _event(), 0, "d1", world(NOW))
     assert isinstance(given, Advise)
