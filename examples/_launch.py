@@ -43,7 +43,9 @@ def init() -> tuple[int, int, torch.device]:
     rank, world = torch_env()
     cuda = torch.cuda.is_available()
     device = (
-        torch.device("cuda", int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))))
+        torch.device(
+            "cuda", int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
+        )
         if cuda
         else torch.device("cpu")
     )

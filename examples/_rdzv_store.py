@@ -16,8 +16,13 @@ from torch.distributed import TCPStore
 
 def main() -> None:
     port = int(sys.argv[1])
+    # Every node's agent connects to this store, so it listens on every interface.
     store = TCPStore(
-        "0.0.0.0", port, is_master=True, wait_for_workers=False, timeout=timedelta(hours=1)
+        "0.0.0.0",  # noqa: S104
+        port,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(hours=1),
     )
     print(f"rendezvous store on port {port}", flush=True)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})
