@@ -25,7 +25,9 @@ def pytest_report_header() -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The folder's marker; and beyond the unit tier, ``cluster`` for a test that needs the dev
     cluster (the ``cluster`` fixture, directly or through another), ``redis`` for one that
-    needs no Slurm (a redis-server of its own at most): contrib/test/tiers runs them apart."""
+    needs no Slurm (a redis-server of its own at most): contrib/test/tiers runs them apart.
+    ``alone`` (timings asserted, run with nothing beside them) is the cluster tier's alone: the
+    Redis tier runs beside the others."""
     for item in items:
         tier = Path(str(item.path)).parent.name
         if tier in _TIERS:
@@ -33,6 +35,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if tier != "unit":
             needs_cluster = "cluster" in getattr(item, "fixturenames", ())
             item.add_marker(pytest.mark.cluster if needs_cluster else pytest.mark.redis)
+            if item.get_closest_marker("alone") and not needs_cluster:
+                raise pytest.UsageError(f"{item.nodeid}: marked alone, but not a cluster test")
 
 
 @pytest.fixture(autouse=True)

@@ -64,13 +64,22 @@ def publish(client: Any, advice: Advice) -> None:
     client.set(keys.job_advice(advice.job_id), advice.model_dump_json(), ex=ttl)
 
 
+#: Delete the advice only while it is the one of ``ARGV[1]``, in one step: advice of another
+#: decision written between a read and a delete stays. A record that is not JSON stays too
+#: (a reader names it).
+_WITHDRAW = """
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local ok, record = pcall(cjson.decode, v)
+if not ok or type(record) ~= 'table' or record['decision_id'] ~= ARGV[1] then return 0 end
+return redis.call('DEL', KEYS[1])
+"""
+
+
 def withdraw(client: Any, job_id: str, decision_id: str) -> bool:
     """Delete the job's advice if it is still the one of ``decision_id`` (a newer advice of
-    another decision stays); True when deleted."""
-    current = read(client, job_id)
-    if current is None or current.decision_id != decision_id:
-        return False
-    return bool(client.delete(keys.job_advice(job_id)))
+    another decision stays), atomically; True when deleted."""
+    return bool(client.eval(_WITHDRAW, 1, keys.job_advice(job_id), decision_id))
 
 
 def read(client: Any, job_id: str) -> Advice | None:

@@ -20,6 +20,7 @@ from typing import Any, cast
 import pytest
 import redis
 
+from slurm_plugin.model import keys
 from slurm_plugin.store import advice, credentials, registration
 from slurm_plugin.store.registration import Registration
 from slurm_plugin.telemetry import leave
@@ -234,3 +235,31 @@ def test_the_watch_passes_the_launcher_status_through(
     assert done.returncode != 0
     assert "Traceback" not in done.stderr
     admin.close()
+
+
+def test_withdrawing_takes_only_the_named_decisions_advice(private_redis: RedisServer) -> None:
+    """``advice.withdraw`` deletes the job's advice only while it is the named decision's, in
+    one step: a newer advice of another decision, and a record that is not JSON, stay."""
+    client = redis.Redis.from_url(private_redis.url, decode_responses=True)
+    now = time.time()
+
+    def given(decision_id: str) -> advice.Advice:
+        return advice.Advice(
+            job_id="7",
+            decision_id=decision_id,
+            leave=["node3"],
+            issued_ts=now,
+            deadline_ts=now + DEADLINE_S,
+        )
+
+    advice.publish(client, given("dec-aaaaaa"))
+    advice.publish(client, given("dec-bbbbbb"))  # a newer decision's advice replaced it
+    assert advice.withdraw(client, "7", "dec-aaaaaa") is False
+    assert advice.read(client, "7") == given("dec-bbbbbb")
+    assert advice.withdraw(client, "7", "dec-bbbbbb") is True
+    assert advice.read(client, "7") is None
+    assert advice.withdraw(client, "7", "dec-bbbbbb") is False  # nothing left: no error
+    key = keys.job_advice("7")
+    client.set(key, "not json")
+    assert advice.withdraw(client, "7", "dec-bbbbbb") is False
+    assert client.get(key) == "not json"

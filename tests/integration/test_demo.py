@@ -15,6 +15,10 @@ from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.errors import DevClusterError
 from tests.integration.test_stacks import check_why
 
+#: A real training job whose timings are asserted: run with nothing beside it.
+pytestmark = pytest.mark.alone
+
+
 pytest.importorskip("torch", reason="the torch extra is installed by `make install`")
 
 

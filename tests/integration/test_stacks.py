@@ -28,6 +28,10 @@ from slurm_plugin.errors import DevClusterError
 from slurm_plugin.slurm.parsers import expand_hostlist
 from tests.integration.conftest import copy_policies
 
+#: A real training job whose timings are asserted: run with nothing beside it.
+pytestmark = pytest.mark.alone
+
+
 pytest.importorskip("torch", reason="the torch extra is installed by `make install`")
 
 #: stack -> (examples/ script, the modules it needs, sbatch options, checkpoint every N steps,

@@ -13,6 +13,10 @@ import pytest
 from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 from tests.integration.conftest import free_port
 
+#: A real training job whose timings are asserted: run with nothing beside it.
+pytestmark = pytest.mark.alone
+
+
 pytest.importorskip("torch", reason="the torch extra is installed by `make install`")
 
 REPO = Path(__file__).resolve().parents[2]
