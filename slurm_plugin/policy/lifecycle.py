@@ -203,10 +203,10 @@ class Advise:
     nodes: tuple[str, ...]
     deadline_ts: float
     detected_ts: float
+    #: The waiting decision it leaves (its candidates: every advised node with its event).
+    waiting: Waiting
     node_incidents: int = 0
     extra: dict[str, object] = field(default_factory=dict)
-    #: The waiting decision it leaves (its candidates: every advised node with its event).
-    waiting: Waiting | None = None
 
 
 Effect = Record | Joined | Rechecking | Missed | Close | Evict | Advise
@@ -236,9 +236,9 @@ def _act(
         evict.nodes,
         deadline,
         evict.detected_ts,
+        state,
         evict.node_incidents,
         {**evict.extra, "waiting_for": "advice"},
-        state,
     )
     return state, advise
 

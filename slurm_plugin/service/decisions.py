@@ -205,7 +205,7 @@ class Decisions:
                 "nodes": nodes,
                 "advice_deadline_ts": f"{effect.deadline_ts:.3f}",
                 # Every advised node with its own event: decided again at the deadline.
-                "candidates": candidates_field(effect.waiting) if effect.waiting else [],
+                "candidates": candidates_field(effect.waiting),
             },
         )
         known = self.state.job_state(job.job_id).advised()
