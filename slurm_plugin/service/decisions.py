@@ -11,6 +11,7 @@ from typing import Any
 import redis
 import structlog
 
+from slurm_plugin.detection import StragglerEvent
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.policy import lifecycle
@@ -28,6 +29,7 @@ from slurm_plugin.policy.lifecycle import (
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.metrics import Metrics
+from slurm_plugin.service.recovery import Kind, RecoveryClock
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.service.value import Value
 from slurm_plugin.service.waiting import candidates_field, event_fields, waiting_of
@@ -58,6 +60,7 @@ class Decisions:
         value: Value,
         clock: Callable[[], float],
         *,
+        recovery: RecoveryClock | None = None,
         dry_run: bool = False,
     ) -> None:
         self.state = state
@@ -65,6 +68,8 @@ class Decisions:
         self.metrics = metrics
         self.value = value
         self.clock = clock
+        #: Times each action's recovery (onset to the job's first healthy step).
+        self.recovery = recovery if recovery is not None else RecoveryClock()
         self.dry_run = dry_run
 
     # -- the lifecycle's state -----------------------------------------------------------
@@ -233,6 +238,8 @@ class Decisions:
             except redis.RedisError as exc:  # requeued at the deadline, as if not acted on
                 outcome = "failed"
                 log.warning("service.advice_failed", job_id=job.job_id, error=str(exc))
+        if outcome == "advised":
+            self._time_recovery(job.job_id, "advice", effect.decision_id, effect.event, now)
         self.metrics.actions.labels(action="advise", outcome=outcome).inc()
         log.info(
             "service.advice",
@@ -243,6 +250,14 @@ class Decisions:
             outcome=outcome,
         )
         return {"id": effect.decision_id, "action": "advise", "outcome": outcome}
+
+    def _time_recovery(
+        self, job_id: str, kind: Kind, decision_id: str, event: StragglerEvent, now: float
+    ) -> None:
+        """Start the clock of the job's recovery: from the slowdown's onset and from now."""
+        onset = event.since_ts if event.since_ts is not None else event.ts
+        if not self.recovery.acted(job_id, kind, decision_id, onset, now):
+            log.info("service.recovery_untimed", job_id=job_id, why="no pace before the onset")
 
     def _withdraw(self, job_id: str, decision_id: str) -> None:
         """The decision's advice no longer holds (acted on, or the job requeued)."""
@@ -297,6 +312,8 @@ class Decisions:
         outcome = self._requeue(effect.decision_id, job, effect.nodes, record, now)
         if effect.after == "advice deadline":
             self._withdraw(job.job_id, effect.decision_id)
+        if outcome != "failed" and not self.dry_run:
+            self._time_recovery(job.job_id, "requeue", effect.decision_id, effect.event, now)
         self.value.evicted(job.job_id, decision, outcome)
         self.metrics.decision_seconds.observe(max(0.0, self.clock() - effect.detected_ts))
         return {"id": effect.decision_id, "action": "evict", "outcome": outcome}

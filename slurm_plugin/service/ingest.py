@@ -19,6 +19,7 @@ from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.model.columns import Decoded, decode_many
 from slurm_plugin.service.evidence import EvidenceFilter
 from slurm_plugin.service.metrics import Metrics
+from slurm_plugin.service.recovery import Recovered, RecoveryClock
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.store import advice, credentials
 from slurm_plugin.store.job_state import JobState
@@ -66,6 +67,8 @@ class Ingest:
         self._last_sweep = 0.0
         self._structure_noted: dict[str, int] = {}  # job id -> attempt whose structure is noted
         self._seen: dict[str, Seen] = {}  # job id -> the flush ids read (repeats are skipped)
+        #: Each job's pace, and the clock of its newest recovery (onset to a healthy step).
+        self.recovery = RecoveryClock()
 
     def forget_all_but(self, running: Iterable[str]) -> None:
         """Drop what is kept in memory for jobs no longer running."""
@@ -73,12 +76,14 @@ class Ingest:
         self.evidence.forget_all_but(keep)
         self._structure_noted = {j: a for j, a in self._structure_noted.items() if j in keep}
         self._seen = {j: s for j, s in self._seen.items() if j in keep}
+        self.recovery.forget_all_but(keep)
 
     def forget(self, job_id: str) -> None:
         """Drop what is kept in memory for one job id (Slurm gave it to another job)."""
         self.evidence.forget(job_id)
         self._structure_noted.pop(job_id, None)
         self._seen.pop(job_id, None)
+        self.recovery.forget(job_id)
 
     def note_structure(self, job: JobInfo, detectors: Iterable[Detector]) -> None:
         """Once per attempt: what the job's detector took for structure (ranks that compute
@@ -207,7 +212,26 @@ class Ingest:
             log.warning("service.records_ignored", job_id=job.job_id, **dropped)
         if len(kept):
             detector.add(job.job_id, kept)
+            done = self.recovery.feed(job.job_id, kept)
+            if done is not None:
+                self._recovered(done)
         return Kept(len(kept), len(np.unique(kept.rank))), len(batch) - len(kept)
+
+    def _recovered(self, done: Recovered) -> None:
+        """A recovery timed: the metric (onset and action to the healthy step) and a log line."""
+        for since, seconds in (
+            ("onset", done.onset_to_healthy_s),
+            ("action", done.action_to_healthy_s),
+        ):
+            self.metrics.recovery_seconds.labels(recovery=done.kind, since=since).observe(seconds)
+        log.info(
+            "service.recovered",
+            job_id=done.job_id,
+            decision_id=done.decision_id,
+            recovery=done.kind,
+            onset_to_healthy_s=round(done.onset_to_healthy_s, 1),
+            action_to_healthy_s=round(done.action_to_healthy_s, 1),
+        )
 
     def _checkpoints(self, job: JobInfo, known: JobState, raw: Raw, after: str) -> dict[str, str]:
         """The job's newest checkpoint (and that it reports checkpoints at all), and the

@@ -124,7 +124,13 @@ class Service:
         self._node_rails = NodeRails(state, self.executor, dry_run=dry_run)
         self.hooks = NodeHooks(settings.hooks, state, settings.deployment, dry_run=dry_run)
         self._decisions = Decisions(
-            state, self.executor, self.metrics, self._value, clock, dry_run=dry_run
+            state,
+            self.executor,
+            self.metrics,
+            self._value,
+            clock,
+            recovery=self._ingest.recovery,
+            dry_run=dry_run,
         )
         self._failures = 0  # cycles failed in a row
         self._standby_until = 0.0  # after stepping down: do not take the lock before this

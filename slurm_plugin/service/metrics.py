@@ -38,6 +38,7 @@ class Metrics:
         self.actions: Any = null
         self.cycle_seconds: Any = null
         self.decision_seconds: Any = null
+        self.recovery_seconds: Any = null
         self.errors: Any = null
         self.ignored: Any = null
         self.lost: Any = null
@@ -66,12 +67,7 @@ class Metrics:
         self.actions = prom.Counter(
             "straggler_actions_total", "Actions", ["action", "outcome"], registry=registry
         )
-        self.cycle_seconds = prom.Histogram(
-            "straggler_cycle_seconds", "Cycle duration", registry=registry
-        )
-        self.decision_seconds = prom.Histogram(
-            "straggler_decision_seconds", "Detection to action", registry=registry
-        )
+        self._histograms(prom, registry)
         self.errors = prom.Counter(
             "straggler_errors_total", "Errors", ["system"], registry=registry
         )
@@ -139,3 +135,20 @@ class Metrics:
                 field="service.metrics_port",
             ) from exc
         self.enabled = True
+
+    def _histograms(self, prom: Any, registry: Any) -> None:
+        """The durations: a cycle's, detection to action, a recovery's."""
+        self.cycle_seconds = prom.Histogram(
+            "straggler_cycle_seconds", "Cycle duration", registry=registry
+        )
+        self.decision_seconds = prom.Histogram(
+            "straggler_decision_seconds", "Detection to action", registry=registry
+        )
+        self.recovery_seconds = prom.Histogram(
+            "straggler_recovery_seconds",
+            "From a slowdown's onset (since=onset) and from our action on it (since=action) to "
+            "the job's first healthy step after it, by recovery (requeue, advice)",
+            ["recovery", "since"],
+            buckets=(5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, float("inf")),
+            registry=registry,
+        )

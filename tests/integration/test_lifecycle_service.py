@@ -103,6 +103,7 @@ FACTS_AND_STATE = (
     "service.waiting",
     "service.value",
     "service.metrics",
+    "service.recovery",
     "service.state",
     "service.fence",
 )
