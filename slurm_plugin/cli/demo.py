@@ -77,6 +77,7 @@ def demo(
             f"the demo's report needs the demo extra ({exc.name} is missing; hint: "
             "pip install 'slurm-straggler[demo]', or run `make demo`)"
         ) from exc
+    from slurm_plugin.demo.export import write_run  # noqa: PLC0415
     from slurm_plugin.demo.run import REPO, run_scenario, summarize  # noqa: PLC0415
 
     # SIGTERM (a CI runner, `timeout`) must run the clean-up below like Ctrl-C does: stop the
@@ -107,10 +108,11 @@ def demo(
                 "submit_args": ["--straggler-recovery=advice"],
             }
             run_steps = 3 * steps
+        work = out_dir.resolve() / (policy if recovery == "requeue" else "advice")
         run = run_scenario(
             settings,
             cluster,
-            out_dir.resolve() / (policy if recovery == "requeue" else "advice"),
+            work,
             policy=policy,
             steps=run_steps,
             slow_at=slow_at,
@@ -120,6 +122,8 @@ def demo(
             **extra,
         )
         runs.append((run, summarize(run)))
+        # Its first run as a trace the backtest replays, with what the run knows beside it.
+        write_run(run, runs[-1][1], work / "trace.csv")
     ratio = runs[0][0].total_s / runs[1][0].total_s if baseline else None
     compared = _compared([s for _, s in runs])
     report = out_dir / "report.html"

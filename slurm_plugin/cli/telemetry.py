@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -55,7 +54,8 @@ def export(settings: Settings, job_id: str, output: Path | None, as_json: bool) 
         return
     rows = _write(output, lambda out: write_trace(records, out))
     events = _write(
-        companion(output, "events"), lambda out: write_events(_events(store, job_id), out)
+        companion(output, "events"),
+        lambda out: write_events(((job_id, t, n) for t, n in store.iter_events(job_id)), out),
     )
     facts, why = _facts(settings, job_id)
     jobs = _write(companion(output, "jobs"), lambda out: write_jobs(facts, out)) if facts else 0
@@ -83,20 +83,6 @@ def _write(path: Path, write: Callable[[TextIO], int]) -> int:
         n = write(handle)
     tmp.replace(path)
     return n
-
-
-def _events(store: TelemetryStore, job_id: str) -> Iterator[tuple[str, float, str]]:
-    """The job's events (name and time) from its stream, oldest first, page by page."""
-    after = "0-0"
-    while True:
-        page, cursor, _malformed = store.read_events(job_id, after, count=1000)
-        if cursor == after:  # a page of malformed events only still moves on
-            return
-        after = cursor
-        for event in page:
-            ts, name = event.get("ts"), event.get("name")
-            if isinstance(ts, int | float) and math.isfinite(ts) and isinstance(name, str):
-                yield job_id, float(ts), name
 
 
 def _facts(settings: Settings, job_id: str) -> tuple[list[tuple[str, JobFacts]], str | None]:

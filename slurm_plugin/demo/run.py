@@ -43,6 +43,8 @@ class DemoRun:
     onset_step: int | None = None
     job: dict[str, str] = field(default_factory=dict)
     records: list[StepRecord] = field(default_factory=list)
+    #: The job's events (time, name) as it reported them: checkpoints, advice acted on.
+    events: list[tuple[float, str]] = field(default_factory=list)
     decisions: list[dict[str, str]] = field(default_factory=list)
     #: The audit entries of the job's decisions: every state change, oldest first.
     audit: list[dict[str, str]] = field(default_factory=list)
@@ -186,6 +188,7 @@ def _collect(
         run_command(["scontrol", "-o", "show", "job", run.job_id], timeout_s=15, env=env).stdout
     )
     run.records = list(store.iter_steps(run.job_id))
+    run.events = list(store.iter_events(run.job_id))
     run.decisions = state.job_decisions(run.job_id)
     run.audit = state.audit(job_id=run.job_id)
     run.output = (work / "job.log").read_text() if (work / "job.log").exists() else ""

@@ -6,6 +6,7 @@ hash tag ``{JOB}``, so every pipeline of one job stays on one shard.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -326,6 +327,20 @@ class TelemetryStore:
             self.client.xrange(keys.job_events(job_id), min=f"({after}", count=count),
         )
         return events_of(job_id, entries, after)
+
+    def iter_events(self, job_id: str) -> Iterator[tuple[float, str]]:
+        """The job's events as (time, name), oldest first, page by page; an event without a
+        finite time or a name is skipped."""
+        after = "0-0"
+        while True:
+            page, cursor, _malformed = self.read_events(job_id, after, count=1000)
+            if cursor == after:  # a page of malformed events only still moves on
+                return
+            after = cursor
+            for event in page:
+                ts, name = event.get("ts"), event.get("name")
+                if isinstance(ts, int | float) and math.isfinite(ts) and isinstance(name, str):
+                    yield float(ts), name
 
     def read_json(self, key: str, count: int = 1000) -> list[dict[str, Any]]:
         """The newest ``count`` JSON entries of an events or GPU stream, oldest first."""

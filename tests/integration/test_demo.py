@@ -4,15 +4,21 @@ checkpoint and completed."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from slurm_plugin.backtest import run_backtest
 from slurm_plugin.config import Settings
+from slurm_plugin.demo.export import write_run
 from slurm_plugin.demo.report import render
-from slurm_plugin.demo.run import run_scenario, summarize
+from slurm_plugin.demo.run import REPO, run_scenario, summarize
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.errors import DevClusterError
+from slurm_plugin.policy.loader import load_policy
+from slurm_plugin.trace import read_trace
+from slurm_plugin.trace_meta import read_context
 from tests.integration.test_stacks import check_why
 
 #: A real training job whose timings are asserted: run with nothing beside it.
@@ -74,3 +80,21 @@ def test_straggler_is_evicted_and_the_job_resumes_elsewhere(
     page = render([(run, summary)])
     assert "the straggler cost" in page
     assert page.count("<svg") == 2
+    # The run's first attempt as a trace (what `straggler demo` writes): the backtest on it
+    # finds node3 when the live service did and evicts nothing else. Whether it evicts at the
+    # report the service evicted on is not asserted: that report sits near the "not sure yet"
+    # margin (1 run in 4 here: 75 against 73 s), and the live detector saw the node's records
+    # a cycle at a time. tests/unit/test_real_runs.py holds two kept runs to every decision.
+    trace = tmp_path / "trace.csv"
+    assert write_run(run, summary, trace) > 0
+    truth = json.loads(trace.with_name("trace.truth.json").read_text())
+    assert truth["evicted_nodes"] == ["node3"]
+    result = run_backtest(
+        read_trace(trace),
+        load_policy(REPO / "policies" / "evict.toml"),
+        context=read_context(trace),
+    )
+    stragglers = [d for d in result.detections if d["kind"] == "straggler"]
+    assert stragglers, result.detections
+    assert abs(stragglers[0]["step"] - truth["detection_step"]) <= 5, (stragglers[0], truth)
+    assert [d["nodes"] for d in stragglers if d["action"] == "evict"] in ([], [["node3"]])
