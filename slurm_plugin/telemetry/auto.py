@@ -5,8 +5,9 @@ The SPANK option ``--straggler-telemetry=auto`` (or the site's default) puts
 ``sitecustomize`` there calls :func:`enable` at interpreter start-up. That costs nothing
 until the job imports torch: an import hook waits for ``torch`` and only then instruments
 the process (:func:`slurm_plugin.telemetry.instrument.instrument`, which reports once
-``torch.distributed`` is initialised), and for ``torch.distributed.checkpoint`` to report a
-``dcp.save`` as the job's checkpoint. A process that never imports torch is left alone.
+``torch.distributed`` is initialised) and report its checkpoints (a ``torch.save`` of a
+training state; ``dcp.save`` and safetensors' saves once those are imported:
+:mod:`slurm_plugin.telemetry.checkpoints`). A process that never imports torch is left alone.
 """
 
 from __future__ import annotations
@@ -79,16 +80,24 @@ def _guarded(name: str, callback: Callable[[ModuleType], None], module: ModuleTy
         say_once("failed", f"code-free telemetry is off in this process ({name}: {exc!r})")
 
 
-def _torch_loaded(_torch: ModuleType) -> None:
+def _torch_loaded(torch: ModuleType) -> None:
+    from slurm_plugin.telemetry.checkpoints import report_torch_saves  # noqa: PLC0415
     from slurm_plugin.telemetry.instrument import instrument  # noqa: PLC0415 - needs torch
 
     instrument(distributed_only=True)
+    report_torch_saves(torch)
 
 
 def _checkpoint_loaded(module: ModuleType) -> None:
     from slurm_plugin.telemetry.checkpoints import report_dcp_saves  # noqa: PLC0415
 
     report_dcp_saves(module)
+
+
+def _safetensors_loaded(module: ModuleType) -> None:
+    from slurm_plugin.telemetry.checkpoints import report_safetensors_saves  # noqa: PLC0415
+
+    report_safetensors_saves(module)
 
 
 def enable(env: Any = None) -> bool:
@@ -101,6 +110,7 @@ def enable(env: Any = None) -> bool:
     callbacks: dict[str, Callable[[ModuleType], None]] = {
         "torch": _torch_loaded,
         "torch.distributed.checkpoint": _checkpoint_loaded,
+        "safetensors.torch": _safetensors_loaded,
     }
     for name, callback in list(callbacks.items()):
         module = sys.modules.get(name)
