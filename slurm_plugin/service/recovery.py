@@ -108,14 +108,14 @@ class RecoveryClock:
         if not finite.any():
             return None
         self._keep(job_id, newest, float(np.median(batch.step_s[finite])))
-        return None if clock is None else self._time(job_id, clock, batch, finite)
+        return None if clock is None else self._time(job_id, clock, batch, finite, newest)
 
     def _time(
-        self, job_id: str, clock: _Clock, batch: RecordBatch, finite: np.ndarray
+        self, job_id: str, clock: _Clock, batch: RecordBatch, finite: np.ndarray, newest: float
     ) -> Recovered | None:
-        """The running clock fed one cycle: the recovery, once confirmed; dropped past
-        :data:`GIVE_UP_S`."""
-        if float(batch.ts.max()) - clock.action_ts > GIVE_UP_S:
+        """The running clock fed one cycle (its newest record at ``newest``): the recovery,
+        once confirmed; dropped past :data:`GIVE_UP_S`."""
+        if newest - clock.action_ts > GIVE_UP_S:
             del self._clocks[job_id]
             return None
         if not self._healthy(clock, batch, finite) or clock.run <= CONFIRM:

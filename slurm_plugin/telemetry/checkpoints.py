@@ -24,7 +24,7 @@ from slurm_plugin.telemetry import instrument
 
 #: Keys under which a dict saved with ``torch.save`` holds a training state: a model's
 #: (``model``, ``state_dict``: Lightning), an optimizer's (``optimizer``, ``optimizer_states``:
-#: Lightning; ``state`` and ``param_groups``: an optimizer's own state dict, HF Trainer's).
+#: Lightning; ``param_groups``: an optimizer's own state dict, HF Trainer's ``optimizer.pt``).
 STATE_KEYS = frozenset(
     {
         "model",
@@ -108,6 +108,10 @@ def _first_is_state(obj: object = None, *_args: Any, **_kwargs: Any) -> bool:
     return is_training_state(obj)
 
 
+def _always(*_args: Any, **_kwargs: Any) -> bool:
+    return True
+
+
 def report_torch_saves(module: ModuleType) -> None:
     """Wrap ``torch.save``: each completed save of a training state is a checkpoint."""
     _wrap(module, "save", _first_is_state)
@@ -116,13 +120,13 @@ def report_torch_saves(module: ModuleType) -> None:
 def report_safetensors_saves(module: ModuleType) -> None:
     """Wrap ``safetensors.torch``'s ``save_file`` and ``save_model``: a model's weights
     written (HF Trainer's checkpoints) are a checkpoint."""
-    _wrap(module, "save_file", lambda *_a, **_k: True)
-    _wrap(module, "save_model", lambda *_a, **_k: True)
+    _wrap(module, "save_file", _always)
+    _wrap(module, "save_model", _always)
 
 
 def report_dcp_saves(module: ModuleType) -> None:
     """Wrap ``torch.distributed.checkpoint.save``: each completed save is a checkpoint."""
-    _wrap(module, "save", lambda *_a, **_k: True)
+    _wrap(module, "save", _always)
 
 
 __all__ = [
