@@ -123,20 +123,27 @@ def test_a_slow_node_is_found_from_its_compute_and_evicted(
     check_why(run)
 
 
+#: How much longer node3's ranks compute once slowed, at least, than before and than the others.
+_FAR_LONGER = 1.5
+
+
 def check_why(run: DemoRun) -> None:
     """Why node3 was found: its ranks compute far longer than before and than the others, who
     wait longer for them than before (by at least a third of node3's extra compute). Whether
     node3 itself waits less than the others is not held: a CPU quota also slows its share of
-    the collectives' work (CI once saw its wait above theirs, 0.46 s against 0.43 s)."""
+    the collectives' work (CI once saw its wait above theirs, 0.46 s against 0.43 s). For the
+    same reason how much of the quota lands in node3's compute varies (FSDP2's compute is split
+    by a collective per layer): usually several times, once on CI 1.9x (0.078 s against 0.041 s
+    before and 0.044 s on the others), so it is held at 1.5x its own and the others'."""
     nodes = ("node1", "node2", "node3")
     compute = {
         (n, a): _median(run, n, "compute_s", after_onset=a) for n in nodes for a in (False, True)
     }
     wait = {(n, a): _median(run, n, "comm_s", after_onset=a) for n in nodes for a in (False, True)}
     figures = f"compute {compute}\nwait {wait}"
-    assert compute["node3", True] > 2 * compute["node3", False], figures
+    assert compute["node3", True] > _FAR_LONGER * compute["node3", False], figures
     for node in ("node1", "node2"):
         # The others wait for node3's extra compute: at least a third of it shows as more wait.
         extra = compute["node3", True] - compute[node, True]
         assert wait[node, True] > wait[node, False] + max(0.05, extra / 3), figures
-        assert compute["node3", True] > 2 * compute[node, True], figures
+        assert compute["node3", True] > _FAR_LONGER * compute[node, True], figures
