@@ -27,6 +27,7 @@ from slurm_plugin.policy.history import (
     NodeHistory,
     other_jobs,
     record_incident,
+    slow_elsewhere,
 )
 from slurm_plugin.policy.lifecycle import Candidate, peers_of
 from slurm_plugin.policy.rails import PersistencePolicy
@@ -153,27 +154,39 @@ def run_backtest(
     events: list[Event] = []
     scales: dict[int, np.ndarray | None] = {}  # per straggler event: its job's structure then
     bounds = _chunk_bounds(job_codes, trace.ts, policy.detection.hang_timeout_s)
-    labelled = trace.labelled
     node_names = np.asarray(trace.node_names, dtype=object)
-    group_names = np.asarray(trace.group_names, dtype=object)
+    groups = np.asarray(trace.group_names, dtype=object) if trace.labelled else None
+    # Node history as detection goes (the decisions' own is rebuilt below, event by event):
+    # a job's detector learns which of its nodes other jobs saw slow before it started.
+    seen: dict[str, NodeHistory] = {}
+    started: set[tuple[int, int]] = set()
     for begin, end in itertools.pairwise(bounds):
         now = float(trace.ts[begin])
-        running = [names[j] for j in np.flatnonzero(last_ts > now).tolist()]
-        events += detector.check_hangs(now, only=running)
+        events += detector.check_hangs(
+            now, only=[names[j] for j in np.flatnonzero(last_ts > now).tolist()]
+        )
         chunk_jobs = job_codes[begin:end]
+        found: list[Event] = []
         for code in np.flatnonzero(np.bincount(chunk_jobs)).tolist():
             in_job = begin + np.flatnonzero(chunk_jobs == code)
             # A restart inside the chunk: each attempt is replayed, and closed, in turn.
             for attempt in np.flatnonzero(np.bincount(attempts[in_job])).tolist():
                 idx = in_job[attempts[in_job] == attempt] if restarted else in_job
+                if (code, attempt) not in started:  # an attempt runs on nodes of its own
+                    started.add((code, attempt))
+                    on = node_names[np.unique(trace.node_code[idx])].tolist()
+                    detector.suspect(
+                        names[code], _slow_before(seen, on, names[code], now, hist_params)
+                    )
                 detector.add(
                     names[code],
-                    _batch(trace, idx, attempts, node_names, group_names if labelled else None),
+                    _batch(trace, idx, attempts, node_names, groups),
                 )
                 if attempt != attempts[in_job].max():
                     closed = detector.advance_job(names[code], final=True)
-                    events += _noting(detector, scales, closed)
-        events += _noting(detector, scales, detector.advance(final=end == len(trace)))
+                    found += _noting(detector, scales, closed)
+        found += _noting(detector, scales, detector.advance(final=end == len(trace)))
+        events += _incidents(seen, found, policy, hist_params)
     events += _hangs_at_the_end(detector, names, last_ts, float(trace.ts[-1]), policy)
     events.sort(key=lambda e: e.ts)
     replay = Replay(policy, trace, context or TraceContext(), scales=scales)
@@ -185,27 +198,51 @@ def run_backtest(
             past = other_jobs(history, event.job_id, event.ts, hist_params)
         peers = _peers(events, i, replay.cycle_s, policy, histories, hist_params)
         result.detections.append(_detection(event, policy, replay, past, peers))
-        if isinstance(event, StragglerEvent) and is_slowdown(event, policy):
-            node = event.node
-            transition = record_incident(
-                histories.get(node, NodeHistory(node)),
-                Incident(
-                    event.job_id,
-                    event.ts,
-                    event.slowdown_pct,
-                    event.cause,
-                    since_ts=event.since_ts,
-                    lasted_s=event.lasted_s,
-                ),
-                hist_params,
-                distinct_users=False,
-            )
-            histories[node] = transition.history
+        _incident(histories, event, policy, hist_params)
     replay.until(np.inf)
     replay.end()
     result.persistent_nodes = sorted(n for n, h in histories.items() if h.state == "persistent")
     result.late_records = detector.late_records
     return result
+
+
+def _slow_before(
+    seen: dict[str, NodeHistory], nodes: list[str], job: str, now: float, params: HistoryParams
+) -> list[str]:
+    """The job's nodes that other jobs saw slow before ``now`` (what its detector is told)."""
+    return slow_elsewhere([seen[n] for n in nodes if n in seen], job, now, params)
+
+
+def _incidents(
+    histories: dict[str, NodeHistory], found: list[Event], policy: Policy, params: HistoryParams
+) -> list[Event]:
+    """``found`` (one chunk's events), each slowdown recorded in ts order; returned as is."""
+    for event in sorted(found, key=lambda e: e.ts):
+        _incident(histories, event, policy, params)
+    return found
+
+
+def _incident(
+    histories: dict[str, NodeHistory], event: Event, policy: Policy, params: HistoryParams
+) -> None:
+    """A straggler that is a slowdown under ``policy`` into its node's history, as the
+    service's node rails record it."""
+    if not isinstance(event, StragglerEvent) or not is_slowdown(event, policy):
+        return
+    node = event.node
+    histories[node] = record_incident(
+        histories.get(node, NodeHistory(node)),
+        Incident(
+            event.job_id,
+            event.ts,
+            event.slowdown_pct,
+            event.cause,
+            since_ts=event.since_ts,
+            lasted_s=event.lasted_s,
+        ),
+        params,
+        distinct_users=False,
+    ).history
 
 
 def _noting(

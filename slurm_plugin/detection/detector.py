@@ -47,6 +47,8 @@ class _JobState:
     rank_group: dict[int, str] = field(default_factory=dict)
     #: How many ranks were bound when ``detector`` was built.
     built_with: int = 0
+    #: Nodes other jobs saw slow lately (:meth:`Detector.suspect`).
+    suspect: frozenset[str] = frozenset()
 
 
 class Detector:
@@ -86,6 +88,15 @@ class Detector:
         if len(batch):
             state.last_ts = max(state.last_ts, float(batch.ts.max()))
             state.hang_reported_at = None
+
+    def suspect(self, job_id: str, nodes: Iterable[str]) -> None:
+        """Nodes of the job that other jobs saw slow lately (node history): an offset only
+        they share, learned at the end of the warm-up, is their fault, not the job's
+        structure (:mod:`slurm_plugin.detection.structure`). Set before the warm-up ends."""
+        state = self._jobs.setdefault(job_id, _JobState(job_id))
+        state.suspect = frozenset(nodes)
+        if state.detector is not None:
+            state.detector.suspect_nodes = state.suspect
 
     def forget(self, job_id: str) -> None:
         """Drop a finished job's state."""
@@ -268,6 +279,7 @@ class Detector:
                 rank_gpu,
                 names,
                 rank_group=rank_group,
+                suspect_nodes=state.suspect,
             )
             if det is not None:  # a rank appeared late: keep the warm-up and the structure
                 fresh.adopt(det)

@@ -94,6 +94,8 @@ class JobDetector:
     #: Per rank, the peer group it belongs to (the same work: a pipeline stage...); -1 when
     #: the job gave none. Labelled groups set the structure; without labels it is inferred.
     rank_group: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    #: Nodes other jobs saw slow lately: never this job's structure on their own.
+    suspect_nodes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         n = len(self.rank_node)
@@ -191,7 +193,8 @@ class JobDetector:
     def _learn_structure(self) -> None:
         """At the end of the warm-up (:mod:`slurm_plugin.detection.structure`)."""
         self.learned = True
-        layout = Layout(self.rank_node, self.rank_gpu, self.rank_group, self.node_names)
+        suspect = frozenset(i for i, n in enumerate(self.node_names) if n in self.suspect_nodes)
+        layout = Layout(self.rank_node, self.rank_gpu, self.rank_group, self.node_names, suspect)
         self._offset, self.structure = structure.learn(self._warm, layout, self.params)
         self._scale = np.exp(self._offset) if self.structure else None
         self._spread = math.nan  # the spread seen so far included the structure

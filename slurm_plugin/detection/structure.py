@@ -3,7 +3,9 @@
 A labelled peer group's common offset, ranks that share a compute offset across several
 nodes, and a local GPU position that is offset on most nodes (each node holds a whole
 pipeline) are structure, not stragglers: from then on each is compared with its own baseline.
-A lone rank or a single node that is slow from the start stays a straggler.
+A lone rank or a single node that is slow from the start stays a straggler, and so do nodes
+slow from the start that other jobs saw slow too (``Layout.suspect``): an offset that only
+such nodes share is their fault, not this job's structure.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ class Layout:
     rank_gpu: np.ndarray
     rank_group: np.ndarray
     node_names: list[str]
+    #: Indices (into ``node_names``) of the nodes other jobs saw slow lately (node history):
+    #: an offset shared only by them is not structure.
+    suspect: frozenset[int] = frozenset()
 
     @property
     def world(self) -> int:
@@ -51,6 +56,12 @@ def learn(warm: Warmup, layout: Layout, p: DetectionParams) -> tuple[F64, list[d
     # structure as noise). An offset shared by ranks on several nodes is a mean over all
     # their warm-up steps: it must stand above four times that mean's error.
     own = np.sqrt(np.maximum(warm.log2 / n - base**2, 0.0))
+    if layout.suspect:  # offsets against the nodes not slow elsewhere: with two of four
+        # nodes suspect, the step's median lies between the halves and the healthy half
+        # would look like a stage of its own (-17 % against +17 %)
+        trusted = ~np.isin(layout.rank_node, sorted(layout.suspect)) & np.isfinite(base)
+        if trusted.any():
+            base = base - float(np.median(base[trusted]))
     jitter = float(np.nanmedian(own)) if np.isfinite(own).any() else 0.0
     floor = p.spread_floor_pct / 100.0
     shared = max(floor, 4.0 * max(jitter, floor) / math.sqrt(float(np.nanmax(n))))
@@ -113,6 +124,11 @@ def _shared_offsets(
         # counts when most of its ranks share it, never for one rank that happens to.
         inside = np.bincount(rank_node[cluster], minlength=len(per_node))
         nodes = np.flatnonzero(2 * inside > per_node)
+        # Nodes slow in other jobs too that share an offset only among themselves (two bad
+        # nodes of one pool, both slow from the job's first step) are stragglers: one node
+        # of the job's own beside them keeps it a stage (a stage on a node once slow).
+        if all(int(n) in layout.suspect for n in nodes):
+            continue
         if len(nodes) >= p.structure_min_nodes:
             members = cluster[np.isin(rank_node[cluster], nodes)]
             found += _by_node_level(members, base, rank_node, p)

@@ -17,6 +17,7 @@ imbalance) is compared with itself by the detector and never reported at all.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -184,3 +185,12 @@ def other_jobs(history: NodeHistory, job_id: str, now: float, params: HistoryPar
             if i.job_id != job_id and i.cause == "compute" and 0 <= now - i.ts <= params.window_s
         }
     )
+
+
+def slow_elsewhere(
+    histories: Iterable[NodeHistory], job_id: str, now: float, params: HistoryParams
+) -> list[str]:
+    """The nodes that jobs other than ``job_id`` saw slow within the window: a job's
+    detector never takes an offset only they share for its structure (a node slow from the
+    job's first step in every job it serves is a fault, not a pipeline stage)."""
+    return [h.node for h in histories if other_jobs(h, job_id, now, params)]

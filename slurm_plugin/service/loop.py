@@ -25,7 +25,7 @@ from slurm_plugin.errors import StragglerError
 from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy import lifecycle
 from slurm_plugin.policy.decide import ClusterContext, is_slowdown
-from slurm_plugin.policy.history import other_jobs
+from slurm_plugin.policy.history import other_jobs, slow_elsewhere
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.service.decisions import Decisions
 from slurm_plugin.service.evidence import gather_evidence
@@ -121,6 +121,8 @@ class Service:
         self._value = Value(self.metrics)
         self._identities = Identities(state, store, settings.deployment, clock)
         self._job_policy: dict[str, tuple[str, DetectionParams]] = {}
+        #: Per job, the detector and attempt its nodes slow elsewhere were told for.
+        self._told: dict[str, tuple[tuple[str, DetectionParams], int]] = {}
         self._node_rails = NodeRails(state, self.executor, dry_run=dry_run)
         self.hooks = NodeHooks(settings.hooks, state, settings.deployment, dry_run=dry_run)
         self._decisions = Decisions(
@@ -256,6 +258,7 @@ class Service:
         for job_id in list(self._job_policy):
             if job_id not in running or job_id in reused:
                 self._detectors[self._job_policy.pop(job_id)].forget(job_id)
+                self._told.pop(job_id, None)
         for job_id in reused:
             self._ingest.forget(job_id)
         self._ingest.forget_all_but(running)
@@ -278,7 +281,16 @@ class Service:
         self._job_policy[job.job_id] = key
         if key not in self._detectors:
             self._detectors[key] = self._new_detector(key[1])
-        return self._detectors[key]
+        detector = self._detectors[key]
+        if self._told.get(job.job_id) != (key, job.restarts):  # new to it, or on other nodes
+            self._told[job.job_id] = (key, job.restarts)
+            params = self.rails.persistence.params()
+            token, now = self._identities.token(job), self.clock()
+            found = slow_elsewhere(self.state.node_histories(job.nodes), token, now, params)
+            detector.suspect(job.job_id, found)
+            if found:
+                log.info("service.nodes_slow_elsewhere", job_id=job.job_id, nodes=found[:16])
+        return detector
 
     # -- decisions ----------------------------------------------------------------------------
     def _cluster(self, nodes: tuple[NodeInfo, ...], now: float) -> ClusterContext:

@@ -18,6 +18,7 @@ from slurm_plugin.model import keys
 from slurm_plugin.policy.history import NodeHistory
 from slurm_plugin.store import decision as decision_record
 from slurm_plugin.store import job_state, registration
+from slurm_plugin.store import nodes as node_store
 from slurm_plugin.store.decision import DecisionRecord
 from slurm_plugin.store.job_state import JobState
 from slurm_plugin.store.nodes import NodeRecord
@@ -279,6 +280,10 @@ class ServiceState:
     def node_history(self, node: str) -> NodeHistory:
         """A node's history (empty when unknown or unreadable)."""
         return NodeRecord(self.client, node).history()
+
+    def node_histories(self, nodes: Sequence[str]) -> list[NodeHistory]:
+        """The histories of ``nodes`` in one round trip."""
+        return node_store.histories(self.client, nodes)
 
     def save_node_history(self, history: NodeHistory) -> None:
         """Persist a node's history and its state for quick listing."""

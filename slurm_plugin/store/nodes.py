@@ -13,7 +13,7 @@ that makes the prolog refuse the node); ``last_check`` (the prolog's last result
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -147,6 +147,14 @@ class NodeRecord:
     def record_sample(self, text: str) -> None:
         """The root sidecar's latest sample, as the JSON text it publishes."""
         self.client.hset(self.key, SIDECAR, text)
+
+
+def histories(client: Any, nodes: Sequence[str]) -> list[NodeHistory]:
+    """The histories of ``nodes`` in one round trip (empty for unknown or unreadable ones)."""
+    pipe = client.pipeline(transaction=False)
+    for node in nodes:
+        pipe.hget(keys.node(node), HISTORY)
+    return [parse_history(n, _text(raw)) for n, raw in zip(nodes, pipe.execute(), strict=True)]
 
 
 def parse_history(node: str, raw: str | None) -> NodeHistory:

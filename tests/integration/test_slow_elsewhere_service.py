@@ -1,0 +1,42 @@
+"""Issue 36, class 7, through Redis and the service: two nodes slow by the same amount from a
+job's first step are a stage of the job's own unless other jobs saw them slow. With node
+history saying another job did (an incident of job 77 an hour ago on each), the service tells
+the job's detector, which leaves them out of the structure and finds them: the job is evicted
+from them under `evict`. Without that history, the same job decides nothing
+(``test_a_pipeline_stage_is_never_evicted_but_a_straggler_in_it_is``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from slurm_plugin.policy.history import Incident, NodeHistory
+from slurm_plugin.testing import FakeClock, FakeScheduler
+from tests.integration.test_control_loop import NODES, Loop, make_loop, publish, running_job
+
+__all__ = ["make_loop"]  # the fixture, shared with test_control_loop
+
+BAD = ("node3", "node4")
+
+
+def test_nodes_slow_elsewhere_are_not_taken_for_a_stage(make_loop: Callable[..., Loop]) -> None:
+    clock = FakeClock()
+    nodes = ("node1", "node2", "node3", "node4")
+    slurm = FakeScheduler([running_job(clock, nodes=nodes)], NODES)
+    loop = make_loop(slurm, clock, "a")
+    for node in BAD:
+        incident = Incident("77", clock() - 3600.0, 40.0, "compute", user="bob")
+        loop.state.save_node_history(
+            NodeHistory(node, (incident,), "suspect", last_incident=incident.ts)
+        )
+    for cycle in range(60):
+        steps = range(cycle * 10, cycle * 10 + 10)
+        publish(loop, slurm.job_table["5"], steps, {"node3": 1.4, "node4": 1.4})
+        assert loop.service.cycle().error is None
+        clock.advance(1)
+        if slurm.job_table["5"].restarts:
+            break
+    excluded = set(slurm.job_table["5"].excluded)
+    assert excluded, slurm.changes
+    assert excluded <= set(BAD), slurm.changes
+    flagged = {d["node"] for d in loop.state.job_decisions("5") if d.get("node") != "none"}
+    assert flagged <= set(BAD), flagged
