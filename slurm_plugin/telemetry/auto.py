@@ -5,7 +5,8 @@ The SPANK option ``--straggler-telemetry=auto`` (or the site's default) puts
 ``sitecustomize`` there calls :func:`enable` at interpreter start-up. That costs nothing
 until the job imports torch: an import hook waits for ``torch`` and only then instruments
 the process (:func:`slurm_plugin.telemetry.instrument.instrument`, which reports once
-``torch.distributed`` is initialised) and report its checkpoints (a ``torch.save`` of a
+``torch.distributed`` is initialised, each rank labelled by the coordinates of the device
+mesh the job builds, if any) and report its checkpoints (a ``torch.save`` of a
 training state; ``dcp.save`` and safetensors' saves once those are imported:
 :mod:`slurm_plugin.telemetry.checkpoints`). A process that never imports torch is left alone.
 """
@@ -82,10 +83,19 @@ def _guarded(name: str, callback: Callable[[ModuleType], None], module: ModuleTy
 
 def _torch_loaded(torch: ModuleType) -> None:
     from slurm_plugin.telemetry.checkpoints import report_torch_saves  # noqa: PLC0415
-    from slurm_plugin.telemetry.instrument import instrument  # noqa: PLC0415 - needs torch
+    from slurm_plugin.telemetry.instrument import (  # noqa: PLC0415 - needs torch
+        instrument,
+        label_from_meshes,
+    )
 
     instrument(distributed_only=True)
     report_torch_saves(torch)
+    try:
+        import torch.distributed as dist  # noqa: PLC0415
+        from torch.distributed import device_mesh  # noqa: PLC0415
+    except ImportError:  # a torch without device meshes: nothing to label from
+        return
+    label_from_meshes(device_mesh, dist)
 
 
 def _checkpoint_loaded(module: ModuleType) -> None:

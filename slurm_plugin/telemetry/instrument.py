@@ -9,7 +9,9 @@ the explicit call's reporter takes over.
 from __future__ import annotations
 
 import atexit
+import functools
 import threading
+from types import ModuleType
 from typing import Any
 
 import structlog
@@ -19,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from slurm_plugin.telemetry import waits
 from slurm_plugin.telemetry.clocks import clock_for
 from slurm_plugin.telemetry.reporter import StepReporter
-from slurm_plugin.telemetry.torch import DDPTimer, group_from_megatron
+from slurm_plugin.telemetry.torch import DDPTimer, group_from_megatron, group_from_mesh
 from slurm_plugin.telemetry.waits import CollectiveTimer
 
 log = structlog.get_logger(__name__)
@@ -44,13 +46,24 @@ class Instrumentation:
         #: job's single-process helpers are not ranks).
         self.distributed_only = distributed_only
         self.ddp: DDPTimer | None = None
+        #: The label of the first ``DeviceMesh`` the job built with a dimension that is not
+        #: data parallel (code-free mode: :func:`label_from_meshes`).
+        self.mesh_group = ""
         self._label(reporter)
 
     def _label(self, reporter: StepReporter | None) -> None:
         """Give ``reporter`` this process's peer group, unless the job set one itself
-        (``STRAGGLER_GROUP``, ``StepReporter(group=...)``)."""
+        (``STRAGGLER_GROUP``, ``StepReporter(group=...)``): an integration's, Megatron's
+        pipeline stage, or the job's device mesh."""
         if reporter is not None and reporter.enabled and not reporter.group:
-            reporter.group = self.group or group_from_megatron()
+            reporter.group = self.group or group_from_megatron() or self.mesh_group
+
+    def mesh_built(self, mesh: Any) -> None:
+        """The job built a device mesh: the first one with a dimension that is not data
+        parallel (``pp``, ``tp``) labels this rank's peer group (``group_from_mesh``)."""
+        if not self.mesh_group:
+            self.mesh_group = group_from_mesh(mesh)
+            self._label(self._reporter)
 
     @property
     def reporter(self) -> StepReporter:
@@ -199,4 +212,30 @@ def _time_ddp_as_built() -> None:
     DistributedDataParallel.__init__ = __init__  # type: ignore[method-assign]
 
 
-__all__ = ["Instrumentation", "current", "instrument"]
+def label_from_meshes(module: ModuleType, package: ModuleType | None = None) -> None:
+    """Code-free mode: every ``init_device_mesh`` of ``module`` (``torch.distributed.device_mesh``;
+    also its re-export in ``package``, ``torch.distributed``) tells the instrumentation the
+    mesh it built, so a pipeline or tensor-parallel job is labelled by its mesh coordinates
+    with no change to its code. The mesh is the job's whatever happens here."""
+    original = getattr(module, "init_device_mesh", None)
+    if original is None or getattr(original, "__straggler__", False):
+        return
+
+    @functools.wraps(original)
+    def init_device_mesh(*args: Any, **kwargs: Any) -> Any:
+        mesh = original(*args, **kwargs)
+        inst = _current
+        if inst is not None:
+            try:
+                inst.mesh_built(mesh)
+            except Exception as exc:  # noqa: BLE001 - never raise into training
+                log.warning("telemetry.hook_failed", where="device mesh built", error=repr(exc))
+        return mesh
+
+    init_device_mesh.__straggler__ = True  # type: ignore[attr-defined]
+    setattr(module, "init_device_mesh", init_device_mesh)  # noqa: B010 - any torch module
+    if package is not None and getattr(package, "init_device_mesh", None) is original:
+        setattr(package, "init_device_mesh", init_device_mesh)  # noqa: B010
+
+
+__all__ = ["Instrumentation", "current", "instrument", "label_from_meshes"]

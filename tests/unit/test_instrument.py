@@ -223,3 +223,60 @@ def test_ddp_gradient_accumulation_with_no_sync_is_one_step(group: None) -> None
     timer.finish()
     assert [s[0] for s in rep.steps] == [0, 1, 2, 3]
     assert all(s[2] is not None and s[3] is not None for s in rep.steps)
+
+
+@pytest.fixture
+def meshes_labelled() -> Iterator[Any]:
+    """``init_device_mesh`` as the code-free mode leaves it once torch is imported (its
+    ``torch.save`` too); the originals restored after."""
+    from torch.distributed import device_mesh  # noqa: PLC0415
+
+    from slurm_plugin.telemetry import auto  # noqa: PLC0415
+
+    module_original, save = device_mesh.init_device_mesh, torch.save
+    package_original = getattr(dist, "init_device_mesh", None)
+    auto._torch_loaded(torch)
+    assert getattr(device_mesh.init_device_mesh, "__straggler__", False)
+    yield device_mesh.init_device_mesh
+    device_mesh.init_device_mesh = module_original
+    torch.save = save
+    if package_original is not None:
+        dist.init_device_mesh = package_original  # type: ignore[attr-defined]
+
+
+def test_code_free_mode_labels_a_rank_by_its_device_mesh(group: None, meshes_labelled: Any) -> None:
+    """Issue 36, class 6: a pipeline job's mesh says which stage a rank runs, with no change
+    to the job: the first mesh with a dimension that is not data parallel labels the rank
+    (a pure data-parallel mesh before it says nothing); the mesh is the job's, untouched."""
+    rep = RecordingReporter()
+    inst = instrument(_as_reporter(rep), distributed_only=True)
+    flat = meshes_labelled("cpu", (1,), mesh_dim_names=("dp",))
+    assert rep.group == ""
+    mesh = meshes_labelled("cpu", (1, 1), mesh_dim_names=("dp", "pp"))
+    assert rep.group == "pp=0"
+    assert (mesh.mesh_dim_names, flat.mesh_dim_names) == (("dp", "pp"), ("dp",))
+    meshes_labelled("cpu", (1, 1), mesh_dim_names=("dp", "tp"))  # later meshes change nothing
+    assert (rep.group, inst.mesh_group) == ("pp=0", "pp=0")
+    if hasattr(dist, "init_device_mesh"):  # the re-export is the same function
+        assert dist.init_device_mesh is meshes_labelled
+
+
+def test_a_label_the_job_gave_wins_and_a_failing_label_never_breaks_the_mesh(
+    group: None, meshes_labelled: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rep = RecordingReporter()
+    rep.group = "stage1"  # STRAGGLER_GROUP, or StepReporter(group=...)
+    instrument(_as_reporter(rep), distributed_only=True)
+    meshes_labelled("cpu", (1, 1), mesh_dim_names=("dp", "pp"))
+    assert rep.group == "stage1"
+
+    def broken(self: Any, mesh: Any) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(instrument_module.Instrumentation, "mesh_built", broken)
+    with capture_logs() as logs:
+        mesh = meshes_labelled("cpu", (1, 1), mesh_dim_names=("dp", "pp"))
+    assert mesh.mesh_dim_names == ("dp", "pp")
+    assert [e["where"] for e in logs if e["event"] == "telemetry.hook_failed"] == [
+        "device mesh built"
+    ]
