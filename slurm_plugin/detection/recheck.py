@@ -77,6 +77,24 @@ def structure_peers(
     return out
 
 
+def _others_outnumber(excess: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """Per row of ``rows``, whether the job's other ranks reported it at least as often as
+    the ranks in question (``cols``) did: only then does the row's median lie with them, and
+    the excess over it compare the ranks with their peers (two ranks: with their mean). A job
+    whose ranks drift apart by more than the detector's lag has its newest steps processed
+    with the fastest ranks alone; there the ranks in question are their own median (+0 %),
+    and a node 1.5x slow read as recovered at an advice's deadline. The others are counted
+    on an even spread of at most :data:`MAX_PEERS` of them."""
+    others = np.setdiff1d(np.arange(excess.shape[1]), cols)
+    if not len(others):
+        return np.zeros(len(rows), dtype=bool)
+    stride = max(1, -(-len(others) // MAX_PEERS))
+    present = np.isfinite(excess[np.ix_(rows, others[::stride])]).sum(axis=1) * stride
+    own = np.isfinite(excess[np.ix_(rows, cols)]).sum(axis=1)
+    out: np.ndarray = (present > 0) & (present >= own)
+    return out
+
+
 def tail_slowdown_pct(
     excess: np.ndarray,
     numbers: np.ndarray,
@@ -98,7 +116,10 @@ def tail_slowdown_pct(
     rows = np.arange(len(numbers)) if since_step is None else np.flatnonzero(numbers >= since_step)
     if not len(cols) or not len(rows):
         return None
-    rows = rows[-steps:]
+    rows = rows[-4 * steps :]  # the newest, of which those that compare
+    rows = rows[_others_outnumber(excess, rows, cols)][-steps:]
+    if not len(rows):
+        return None
     picked = excess[np.ix_(rows, cols)]  # only those cells: no copy of whole rows
     if scale is not None and len(scale) == excess.shape[1]:
         others = np.setdiff1d(np.arange(excess.shape[1]), on_node)

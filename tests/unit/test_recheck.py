@@ -196,3 +196,23 @@ def test_a_slowdown_that_ended_a_few_steps_ago_is_over() -> None:
     assert over < 0.5
     still = np.column_stack([np.zeros(20), np.full(20, 0.04)])  # slow to the newest step
     assert tail_slowdown_pct(still, numbers, np.array([1])) == pytest.approx(4.0)
+
+
+def test_rows_only_the_node_reported_are_not_read_as_recovered() -> None:
+    """A job whose ranks drift apart (each at its own pace, more steps apart than the
+    detector's lag) has its newest steps processed with the fastest ranks alone: there node3's
+    two ranks are their own median, +0 %. Read as they are, a node 1.5x slow was "recovered"
+    at an advice's deadline (CI, test_elastic); rows where the other ranks did not report at
+    least as often as the node's are not a comparison and are left out. A row that none of
+    them shows, or only the node's rows: unknown, never recovered."""
+    numbers = np.arange(30.0)
+    excess = np.zeros((30, 6))
+    excess[:, 4:] = 0.5  # node3 (ranks 4, 5) 50 % over its peers' median
+    excess[22:, :4] = np.nan  # the newest 8 steps: only node3's ranks reported yet
+    excess[22:, 4:] = 0.0  # ... so they are their own median
+    node3 = np.array([4, 5])
+    assert tail_slowdown_pct(excess, numbers, node3) == pytest.approx(50.0)
+    excess[20:22, :3] = np.nan  # one peer beside node3's two: its median is node3's
+    excess[20:22, 4:] = 0.0
+    assert tail_slowdown_pct(excess, numbers, node3) == pytest.approx(50.0)
+    assert tail_slowdown_pct(excess, numbers, node3, since_step=22) is None
