@@ -28,8 +28,10 @@ def _slow_elsewhere(loop: Loop) -> None:
         )
 
 
-def _until_requeued(loop: Loop, slurm: FakeScheduler, first: int, restarts: int) -> None:
-    for cycle in range(first, first + 60):
+def _until_requeued(loop: Loop, slurm: FakeScheduler, restarts: int) -> None:
+    """Cycles of node3 and node4 at 1.4x from step 0, until Slurm restarted the job once
+    more than ``restarts`` (60 at most)."""
+    for cycle in range(60):
         steps = range(cycle * 10, cycle * 10 + 10)
         publish(loop, slurm.job_table["5"], steps, {"node3": 1.4, "node4": 1.4})
         assert loop.service.cycle().error is None
@@ -44,13 +46,7 @@ def test_nodes_slow_elsewhere_are_not_taken_for_a_stage(make_loop: Callable[...,
     slurm = FakeScheduler([running_job(clock, nodes=nodes)], NODES)
     loop = make_loop(slurm, clock, "a")
     _slow_elsewhere(loop)
-    for cycle in range(60):
-        steps = range(cycle * 10, cycle * 10 + 10)
-        publish(loop, slurm.job_table["5"], steps, {"node3": 1.4, "node4": 1.4})
-        assert loop.service.cycle().error is None
-        clock.advance(1)
-        if slurm.job_table["5"].restarts:
-            break
+    _until_requeued(loop, slurm, restarts=0)
     excluded = set(slurm.job_table["5"].excluded)
     assert excluded, slurm.changes
     assert excluded <= set(BAD), slurm.changes
@@ -73,7 +69,7 @@ def test_a_requeued_job_is_told_again_about_its_nodes(make_loop: Callable[..., L
         clock.advance(1)
     _slow_elsewhere(loop)
     slurm.job_table["5"] = replace(slurm.job_table["5"], restarts=1)
-    _until_requeued(loop, slurm, 0, restarts=1)
+    _until_requeued(loop, slurm, restarts=1)
     job = slurm.job_table["5"]
     assert job.restarts == 2, slurm.changes
     assert set(job.excluded) <= set(BAD)
