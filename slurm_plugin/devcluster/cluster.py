@@ -377,6 +377,11 @@ class DevCluster:
         resumed: set[str] = set()
         states: dict[str, str] = {}
         while time.monotonic() < deadline:
+            if not self._alive("slurmctld"):
+                # One told to stop still holds its pid file while it saves its state (seconds
+                # under load): ``up`` then took it for running, and it exits meanwhile.
+                self._start_slurmctld()
+                notes.append("started slurmctld again (it was stopping)")
             states = self._node_states()
             for node, state in states.items():
                 # A dev cluster starts clean: nodes left drained/down by earlier runs come back.

@@ -19,6 +19,7 @@ import redis
 from slurm_plugin.config import load_settings
 from slurm_plugin.demo.run import start_service
 from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.errors import CommandError
 from slurm_plugin.service.factory import build
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm.parsers import expand_hostlist, parse_scontrol_record
@@ -135,10 +136,33 @@ def slurm(cluster: DevCluster) -> Iterator[Slurm]:
 
     try:
         wait_for(idle, 60, "every node to be idle again")
+    except CommandError as exc:
+        pytest.fail(f"Slurm did not answer after the test: {exc}\n{controller_diagnosis(cluster)}")
     except pytest.fail.Exception:
-        nodes = helper.run("sinfo", "-N", "-h", "-o", "%N %T %E").stdout.strip()
-        jobs = helper.run("squeue", "-h", "-o", "%i %T %R").stdout.strip()
-        pytest.fail(f"nodes not idle 60 s after the test: {nodes}; jobs: {jobs or 'none'}")
+
+        def answer(*argv: str) -> str:
+            try:
+                return helper.run(*argv, check=False).stdout.strip()
+            except CommandError:
+                return f"{argv[0]} did not answer"
+
+        nodes = answer("sinfo", "-N", "-h", "-o", "%N %T %E")
+        jobs = answer("squeue", "-h", "-o", "%i %T %R")
+        pytest.fail(
+            f"nodes not idle 60 s after the test: {nodes}; jobs: {jobs or 'none'}\n"
+            f"{controller_diagnosis(cluster)}"
+        )
+
+
+def controller_diagnosis(cluster: DevCluster, lines: int = 25) -> str:
+    """Whether the cluster's slurmctld process lives, and the end of its log: what a failing
+    cluster test prints, since the cluster's files are gone when the tier brings it down."""
+    pidfile = cluster.base / "run" / "slurmctld.pid"
+    pid = pidfile.read_text().split()[0] if pidfile.exists() else "none"
+    alive = pid != "none" and Path(f"/proc/{pid}").exists()
+    logfile = cluster.base / "log" / "slurmctld.log"
+    tail = logfile.read_text(errors="replace").splitlines()[-lines:] if logfile.exists() else []
+    return "\n".join([f"slurmctld pid {pid} alive {alive}; its log ends:", *tail])
 
 
 _DATABASES = itertools.cycle(range(1, 16))
@@ -213,11 +237,15 @@ class RedisServer:
         wait_for(lambda: not self.ping(), 10, f"redis-server on port {self.port} to stop")
 
 
-def stop_slurmctld(cluster: DevCluster) -> int:
-    """Stop the cluster's slurmctld as an admin's restart does (SIGTERM, state saved) and wait
-    until it is gone; returns its pid. ``cluster.up()`` brings it back."""
-    pid = int((cluster.base / "run" / "slurmctld.pid").read_text().split()[0])
-    os.kill(pid, signal.SIGTERM)
+def slurmctld_pid(cluster: DevCluster) -> int:
+    """The pid of the cluster's running slurmctld (from its pid file)."""
+    return int((cluster.base / "run" / "slurmctld.pid").read_text().split()[0])
+
+
+def wait_gone(pid: int, what: str, timeout_s: float = 60) -> None:
+    """Wait until process ``pid`` has exited. A slurmctld that was told to stop still holds its
+    pid file while it saves its state and flushes accounting (seconds on a loaded machine):
+    ``cluster.up()`` before it is gone takes it for running, and no controller is left."""
 
     def gone() -> bool:
         try:
@@ -226,7 +254,15 @@ def stop_slurmctld(cluster: DevCluster) -> int:
             return True
         return False
 
-    wait_for(gone, 30, "slurmctld to stop")
+    wait_for(gone, timeout_s, what)
+
+
+def stop_slurmctld(cluster: DevCluster) -> int:
+    """Stop the cluster's slurmctld as an admin's restart does (SIGTERM, state saved) and wait
+    until it is gone; returns its pid. ``cluster.up()`` brings it back."""
+    pid = slurmctld_pid(cluster)
+    os.kill(pid, signal.SIGTERM)
+    wait_gone(pid, "slurmctld to stop")
     return pid
 
 

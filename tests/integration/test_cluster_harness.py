@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -9,7 +13,7 @@ import redis
 
 from slurm_plugin.config import load_settings
 from slurm_plugin.devcluster import DevCluster
-from tests.integration.conftest import Slurm, wait_for
+from tests.integration.conftest import Slurm, slurmctld_pid, wait_for, wait_gone
 
 
 def test_up_is_idempotent_and_reports_four_idle_nodes(cluster: DevCluster) -> None:
@@ -20,6 +24,27 @@ def test_up_is_idempotent_and_reports_four_idle_nodes(cluster: DevCluster) -> No
     assert status.nodes == {f"node{i}": "idle" for i in range(1, 5)}
     assert {d.name: d.pid for d in status.daemons} == before
     assert status.env["SLURM_CONF"] == str(cluster.slurm_conf)
+
+
+def test_up_right_after_slurmctld_was_told_to_stop_leaves_a_controller(
+    cluster: DevCluster, slurm: Slurm
+) -> None:
+    """`up` while a stopped slurmctld is still shutting down (its pid file names a live
+    process: here held with SIGSTOP, the SIGTERM pending, then let go) starts a new one once
+    the old one is gone, and the nodes answer. Before, `up` took the old one for running and
+    left the cluster without a controller."""
+    pid = slurmctld_pid(cluster)
+    os.kill(pid, signal.SIGSTOP)
+    os.kill(pid, signal.SIGTERM)
+    with ThreadPoolExecutor(1) as pool:
+        status = pool.submit(cluster.up)
+        time.sleep(2)  # up() is waiting on a controller that neither answers nor exits
+        os.kill(pid, signal.SIGCONT)
+        wait_gone(pid, "the stopped slurmctld to exit")
+        assert status.result(timeout=90).ready
+    assert slurmctld_pid(cluster) != pid
+    assert "started slurmctld again (it was stopping)" in status.result().notes
+    assert set(slurm.run("sinfo", "-h", "-o", "%T").stdout.split()) == {"idle"}
 
 
 def test_two_node_job_runs_on_two_distinct_hosts(slurm: Slurm, job_dir: Path) -> None:

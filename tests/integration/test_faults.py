@@ -33,9 +33,11 @@ from tests.integration.conftest import (
     Slurm,
     acl_users,
     free_port,
+    slurmctld_pid,
     stop_slurmctld,
     wait_cycles,
     wait_for,
+    wait_gone,
 )
 from tests.integration.test_service import _submit
 
@@ -263,11 +265,10 @@ def test_slurmctld_restarted_during_an_eviction(
 ) -> None:
     """slurmctld is stopped right after a step of the eviction (as a restart does: SIGTERM,
     state saved) and comes back seconds later; the steps after it wait for it."""
-    pidfile = cluster.base / "run" / "slurmctld.pid"
-    assert pidfile.exists(), pidfile
-    stop = (
-        f'pid="$(cat {pidfile})"; kill "$pid"; while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done'
-    )
+    pid = slurmctld_pid(cluster)
+    # The wrapper waits for the controller to exit, unless the service's own time limit on
+    # scontrol ends the wrapper first: the test waits for it below in any case.
+    stop = f"kill {pid}; while kill -0 {pid} 2>/dev/null; do sleep 0.1; done"
     faults.arm(match, "after", stop)
     service = services.start()
     job = _submit(slurm, job_dir, "evict")
@@ -277,6 +278,8 @@ def test_slurmctld_restarted_during_an_eviction(
         # outage far longer than that drains the job's nodes with "Kill task failed").
         wait_for(lambda: faults.calls_after(word) >= 1, 30, "a call to the dead controller")
     finally:  # never leave the next tests without a controller (nor this job running)
+        if faults.fired:
+            wait_gone(pid, "the stopped slurmctld to exit")
         cluster.up()
     assert_clean_outcome(slurm, state, job, faults)
     assert service.poll() is None, "the service died"
