@@ -11,6 +11,7 @@ limits and the evictions the replay itself decided).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from slurm_plugin.policy.history import (
     record_incident,
     slow_elsewhere,
 )
-from slurm_plugin.policy.lifecycle import Candidate, peers_of
+from slurm_plugin.policy.lifecycle import Candidate, Evict, peers_of
 from slurm_plugin.policy.rails import PersistencePolicy
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.replay import Replay
@@ -189,7 +190,13 @@ def run_backtest(
         events += _incidents(seen, found, policy, hist_params)
     events += _hangs_at_the_end(detector, names, last_ts, float(trace.ts[-1]), policy)
     events.sort(key=lambda e: e.ts)
-    replay = Replay(policy, trace, context or TraceContext(), scales=scales)
+    replay = Replay(
+        policy,
+        trace,
+        context or TraceContext(),
+        scales=scales,
+        on_evict=functools.partial(_evicted, histories, params=hist_params),
+    )
     for i, event in enumerate(events):
         replay.until(event.ts, before=True)
         past = 0
@@ -243,6 +250,33 @@ def _incident(
         params,
         distinct_users=False,
     ).history
+
+
+def _evicted(
+    histories: dict[str, NodeHistory],
+    effect: Evict,
+    now: float,
+    *,
+    params: HistoryParams,
+) -> None:
+    """An eviction carried out into its nodes' history, as the service records it
+    (:meth:`~slurm_plugin.policy.lifecycle.Evict.event_on`)."""
+    for node in effect.nodes:
+        event = effect.event_on(node)
+        histories[node] = record_incident(
+            histories.get(node, NodeHistory(node)),
+            Incident(
+                event.job_id,
+                now,
+                event.slowdown_pct,
+                event.cause,
+                since_ts=event.since_ts,
+                lasted_s=event.lasted_s,
+                evicted=True,
+            ),
+            params,
+            distinct_users=False,
+        ).history
 
 
 def _noting(

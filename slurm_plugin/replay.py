@@ -90,6 +90,8 @@ class Replay:
     scales: dict[int, np.ndarray | None] = field(default_factory=dict)
     #: The service's cycle: a re-check with nothing to look at is taken again one later.
     cycle_s: float = CYCLE_S
+    #: Called with each eviction carried out, and when (node history: the backtest's).
+    on_evict: Callable[[Evict, float], None] | None = None
     #: Per job, the structure its newest decided event came with (what the re-check uses).
     _scale: dict[str, np.ndarray | None] = field(default_factory=dict)
 
@@ -268,6 +270,8 @@ class Replay:
             row["nodes"] = list(effect.nodes)
             if effect.after != "detection":
                 row.update(node=effect.event.node, acted_ts=now, after=effect.after)
+            if self.on_evict is not None:
+                self.on_evict(effect, now)
         elif isinstance(effect, Close):
             if effect.abandoned:  # a wait still open when the job's records end stays a wait
                 row["note"] = effect.note

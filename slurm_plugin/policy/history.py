@@ -11,8 +11,10 @@ reported, counted once however often it is reported (its episode: the job and wh
 On a node another job saw slow in an incident within the window, ``repeat_s`` is enough (such
 a node is evicted within seconds of its next slowdown); it is ``sustained_s`` by default: a
 shorter one marked healthy nodes persistent on the month benchmark's held-out noise model.
-A burst that passes, or a report seconds into a slowdown, is never one; structure (by-design
-imbalance) is compared with itself by the detector and never reported at all.
+A burst that passes, or a report seconds into a slowdown, is never one, unless the job was
+requeued without the node for it (an eviction carried out is an incident however short the
+slowdown: the job paid a requeue for it, and the next job on the node should know). Structure
+(by-design imbalance) is compared with itself by the detector and never reported at all.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ class Incident:
     #: (None: unknown, an incident recorded before these were kept).
     since_ts: float | None = None
     lasted_s: float | None = None
+    #: The report requeued the job without the node (an eviction carried out): an incident
+    #: however short the slowdown had lasted, since the job paid a requeue for it.
+    evicted: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,11 @@ def is_incident(history: NodeHistory, incident: Incident, params: HistoryParams)
     episode (the same job and start) to be one."""
     if incident.cause != "compute":
         return False
-    if incident.lasted_s is not None and incident.lasted_s < _needed_s(history, incident, params):
+    if (
+        not incident.evicted
+        and incident.lasted_s is not None
+        and incident.lasted_s < _needed_s(history, incident, params)
+    ):
         return False
     return incident.since_ts is None or not any(
         i.job_id == incident.job_id and i.since_ts == incident.since_ts for i in history.incidents

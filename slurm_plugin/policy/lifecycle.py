@@ -191,6 +191,14 @@ class Evict:
     node_incidents: int = 0
     extra: dict[str, object] = field(default_factory=dict)
 
+    def event_on(self, node: str) -> StragglerEvent:
+        """What it puts into ``node``'s history, the service and the backtest alike: the
+        event decided on; on another node of the requeue, that event with no slowdown or
+        episode of its own. An incident however young (the job paid a requeue for it)."""
+        if node == self.event.node:
+            return self.event
+        return replace(self.event, node=node, slowdown_pct=0.0, since_ts=None)
+
 
 @dataclass(frozen=True)
 class Advise:

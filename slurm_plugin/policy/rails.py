@@ -54,7 +54,8 @@ class PersistencePolicy(Strict):
         ge=0,
         le=7 * 86400,
         description="A slowdown is an incident in node history only once it has lasted this "
-        "long, and once per slowdown: bursts that pass never mark a node.",
+        "long (or once the job was evicted for it), and once per slowdown: bursts that pass "
+        "never mark a node.",
     )
 
     repeat_s: float = Field(

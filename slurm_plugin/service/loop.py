@@ -376,7 +376,7 @@ class Service:
             action=decision.action,
             reasons=decision.reasons,
         )
-        done = self._decisions.carry_out(effects, job, policy, now, base, evidence)
+        done = self._carry_out(effects, job, policy, nodes, now, base, evidence)
         if done:
             return done[-1]
         waiting = state.decision_id if state is not None else decision_id
@@ -419,9 +419,42 @@ class Service:
             self._regrouped(job.job_id)
         report.decisions += [
             d
-            for d in self._decisions.carry_out(effects, job, policy, now)
+            for d in self._carry_out(effects, job, policy, nodes, now)
             if d.get("action") == "evict"
         ]
+
+    def _carry_out(
+        self,
+        effects: Sequence[lifecycle.Effect],
+        job: JobInfo,
+        policy: Policy,
+        nodes: tuple[NodeInfo, ...],
+        now: float,
+        base: dict[str, Any] | None = None,
+        evidence: tuple[list[str], list[str]] = ([], []),
+    ) -> list[dict[str, Any]]:
+        """The lifecycle's effects carried out; each eviction that Slurm did not refuse goes
+        into its nodes' history as an incident of the job, however short the slowdown (the
+        job paid a requeue for it; the backtest records it the same way)."""
+        done = self._decisions.carry_out(effects, job, policy, now, base, evidence)
+        kept = {d["id"] for d in done if d.get("action") == "evict" and d["outcome"] != "failed"}
+        if self.dry_run:
+            kept = set()
+        for effect in effects:
+            if not isinstance(effect, lifecycle.Evict) or effect.decision_id not in kept:
+                continue
+            for node in effect.nodes:
+                self._node_rails.remember(
+                    effect.event_on(node),
+                    job,
+                    self._identities.token(job),
+                    self.rails,
+                    nodes,
+                    now,
+                    cluster_mode=self._policies.default.actions.mode,
+                    evicted=True,
+                )
+        return done
 
     def _regrouped(self, job_id: str) -> None:
         """The job left nodes on advice and re-forms its ranks without them (torch elastic

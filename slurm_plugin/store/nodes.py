@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
 from slurm_plugin.model import keys
@@ -77,7 +77,7 @@ class NodeRecord:
         self.client.hset(
             self.key,
             mapping={
-                HISTORY: json.dumps(asdict(history)),
+                HISTORY: json.dumps(_stored(history)),
                 STATE: history.state,
                 HISTORY_TS: f"{now:.0f}",
             },
@@ -157,13 +157,31 @@ def histories(client: Any, nodes: Sequence[str]) -> list[NodeHistory]:
     return [parse_history(n, _text(raw)) for n, raw in zip(nodes, pipe.execute(), strict=True)]
 
 
+#: Incident fields that matter only while an incident is added (``is_incident``), and that
+#: the release before them would not read: never stored, so a rollback keeps every history.
+_NOT_STORED = ("evicted",)
+
+
+def _stored(history: NodeHistory) -> dict[str, Any]:
+    data = asdict(history)
+    for incident in data["incidents"]:
+        for name in _NOT_STORED:
+            incident.pop(name, None)
+    return data
+
+
 def parse_history(node: str, raw: str | None) -> NodeHistory:
     """A ``history`` field's value as a node history (empty when missing or unreadable)."""
     if not raw:
         return NodeHistory(node)
     try:
         data = json.loads(raw)
-        incidents = tuple(Incident(**i) for i in data.pop("incidents", []))
+        # Fields this release does not know (a later one's) are left out, never the history.
+        known = {f.name for f in fields(Incident)}
+        incidents = tuple(
+            Incident(**{k: v for k, v in i.items() if k in known})
+            for i in data.pop("incidents", [])
+        )
         return NodeHistory(
             node=node, incidents=incidents, **{k: v for k, v in data.items() if k != "node"}
         )

@@ -146,3 +146,24 @@ def test_a_detection_reaches_its_eviction_through_six_decision_modules(
     ours = {m for m in entered if m.split(".")[0] in {"service", "policy"}}
     assert set(DECISION_PATH) <= ours
     assert sorted(ours - set(DECISION_PATH) - set(FACTS_AND_STATE)) == []
+
+
+def test_an_eviction_goes_into_the_nodes_history_however_short_the_slowdown(
+    make_loop: Callable[..., Loop],
+) -> None:
+    """Job 5 evicted from node3 within seconds of its slowdown: node3's history holds one
+    incident, younger than ``sustained_s`` (a report that young is no incident unless the job
+    was evicted for it), and no other node has one."""
+    clock = FakeClock()
+    slurm = FakeScheduler([running_job(clock)], NODES)
+    loop = make_loop(slurm, clock, "a")
+    for cycle in range(40):
+        _run(loop, cycle * 10, 1, {"node3": 2.0})
+        if loop.state.job_decisions("5"):
+            break
+    (decision,) = loop.state.job_decisions("5")
+    assert (decision["action"], decision["node"]) == ("evict", "node3")
+    (incident,) = loop.state.node_history("node3").incidents
+    assert incident.lasted_s is not None
+    assert incident.lasted_s < loop.service.rails.persistence.params().sustained_s
+    assert [h.node for h in loop.state.nodes() if h.incidents] == ["node3"]

@@ -14,10 +14,13 @@ from click.testing import CliRunner
 from slurm_plugin.backtest import infer_attempts, run_backtest
 from slurm_plugin.cli.main import cli
 from slurm_plugin.errors import TraceError
+from slurm_plugin.policy.loader import load_policy
+from slurm_plugin.policy.rails import PersistencePolicy
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.policy.verdict import UNKNOWN
 from slurm_plugin.replay import Replay
 from slurm_plugin.trace import read_trace
+from slurm_plugin.trace_meta import read_context
 from tests.scenarios.generator import JobSpec, burst, generate, step_change, write_csv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -490,3 +493,32 @@ def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["backtest", str(path)])
     assert result.exit_code == 0, result.output
     assert "no TRACE.jobs.csv" not in result.output
+
+
+def test_evictions_go_into_node_history_as_the_service_records_them(tmp_path: Path) -> None:
+    """Issue 36, class 5: a node +60 % in two jobs two hours apart, under a persistence
+    setting where no report is ever long enough to be an incident (``sustained_s`` an hour):
+    the first job evicts it once the slowdown pays (~14 minutes in), and that eviction is an
+    incident of the node, so the second job, knowing it, evicts it a minute in; the two
+    evictions make it persistent. Without evictions (observe) it stays unmarked."""
+    slow = {r: step_change(0.60, 30) for r in range(16, 24)}
+    jobs = [
+        (j, generate(JobSpec(j, 64, 1200, seed=s, start_ts=1.7e9 + k * 7200, compute_slow=slow)))
+        for k, (j, s) in enumerate((("71", 1), ("72", 2)))
+    ]
+    path = tmp_path / "t.csv"
+    write_csv(jobs, str(path))
+    starts = {j: float(b.ts.min()) - 1 for j, b in jobs}
+    _companions(path, {j: (t, t + 10 * 3600) for j, t in starts.items()}, every_s=20.0)
+    trace, context = read_trace(path), read_context(path)
+    hourly = PersistencePolicy(sustained_s=3600.0)
+    result = run_backtest(trace, load_policy(REPO / "policies/evict.toml"), hourly, context=context)
+    evicted = [d for d in result.detections if d["action"] == "evict"]
+    assert [(d["job_id"], d["node"]) for d in evicted] == [("71", "n0002"), ("72", "n0002")]
+    first, second = (d["ts"] - starts[d["job_id"]] for d in evicted)
+    assert second < 120
+    assert first > 600
+    assert evicted[1]["lasting_p"] >= 0.6  # the node slow in another job: likely a fault
+    assert result.persistent_nodes == ["n0002"]
+    observe = load_policy(REPO / "policies/observe.toml")
+    assert run_backtest(trace, observe, hourly, context=context).persistent_nodes == []

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 
 from slurm_plugin.policy.history import (
@@ -12,6 +15,7 @@ from slurm_plugin.policy.history import (
     record_incident,
 )
 from slurm_plugin.policy.rails import PersistencePolicy
+from slurm_plugin.store import nodes
 
 DAY = 86400.0
 P = HistoryParams(
@@ -108,6 +112,24 @@ def test_only_a_sustained_slowdown_is_an_incident_and_once_per_episode() -> None
     assert again.state == "suspect"  # one job alone never marks a node
 
 
+def test_an_eviction_is_an_incident_however_short_the_slowdown() -> None:
+    """A node evicted seconds into its slowdown from two jobs is persistent (each job paid a
+    requeue for it), where the same two reports unacted on are bursts; still once per episode
+    (the eviction's report and a later report of the same episode are one incident), and
+    one job's evictions alone never mark a node."""
+    p = HistoryParams(incidents=2, distinct_jobs=2, sustained_s=300.0)
+    quick = [Incident(str(j), j * 3600.0 + 20, since_ts=j * 3600.0, lasted_s=20) for j in (1, 2)]
+    assert _feed(quick, p).state == "ok"
+    evicted = [replace(i, evicted=True) for i in quick]
+    assert _feed(evicted, p).state == "persistent"
+    episode = [evicted[0], Incident("1", 3600.0 + 400, since_ts=3600.0, lasted_s=400.0)]
+    assert len(_feed(episode, p).incidents) == 1
+    one_job = [replace(evicted[0], ts=t, since_ts=t - 20) for t in (100.0, 900.0, 1800.0)]
+    assert _feed(one_job, p).state == "suspect"
+    input_bound = replace(evicted[0], cause="input")
+    assert _feed([input_bound], p).incidents == ()
+
+
 def test_the_service_settings_and_the_history_agree_on_every_default() -> None:
     """The `[persistence]` settings build the history's parameters; their defaults are the
     same (a changed default in one place would leave tests measuring the other)."""
@@ -135,3 +157,16 @@ def test_a_bad_node_slow_in_two_jobs_is_marked_and_a_burst_never() -> None:
     assert _feed([first, *quick], shipped).state == "suspect"
     assert _feed([first, *quick], HistoryParams(repeat_s=60.0)).state == "persistent"
     assert _feed(quick, HistoryParams(repeat_s=60.0)).state == "ok"  # no earlier incident
+
+
+def test_a_history_keeps_its_incidents_across_releases() -> None:
+    """A stored history leaves out the eviction mark (the release before it would not read
+    it, and read the whole history as empty); a field this release does not know (a later
+    one's) is left out on reading, never the history."""
+    history = _feed([replace(Incident("1", 100.0, since_ts=90.0, lasted_s=10.0), evicted=True)])
+    stored = nodes._stored(history)
+    assert "evicted" not in stored["incidents"][0]
+    stored["incidents"][0]["from_a_later_release"] = 1
+    read = nodes.parse_history("n1", json.dumps(stored))
+    assert [(i.job_id, i.ts, i.lasted_s) for i in read.incidents] == [("1", 100.0, 10.0)]
+    assert read.state == history.state == "suspect"
