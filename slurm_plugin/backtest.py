@@ -234,22 +234,8 @@ def _incident(
 ) -> None:
     """A straggler that is a slowdown under ``policy`` into its node's history, as the
     service's node rails record it."""
-    if not isinstance(event, StragglerEvent) or not is_slowdown(event, policy):
-        return
-    node = event.node
-    histories[node] = record_incident(
-        histories.get(node, NodeHistory(node)),
-        Incident(
-            event.job_id,
-            event.ts,
-            event.slowdown_pct,
-            event.cause,
-            since_ts=event.since_ts,
-            lasted_s=event.lasted_s,
-        ),
-        params,
-        distinct_users=False,
-    ).history
+    if isinstance(event, StragglerEvent) and is_slowdown(event, policy):
+        _record(histories, event, event.ts, params)
 
 
 def _evicted(
@@ -262,21 +248,32 @@ def _evicted(
     """An eviction carried out into its nodes' history, as the service records it
     (:meth:`~slurm_plugin.policy.lifecycle.Evict.event_on`)."""
     for node in effect.nodes:
-        event = effect.event_on(node)
-        histories[node] = record_incident(
-            histories.get(node, NodeHistory(node)),
-            Incident(
-                event.job_id,
-                now,
-                event.slowdown_pct,
-                event.cause,
-                since_ts=event.since_ts,
-                lasted_s=event.lasted_s,
-                evicted=True,
-            ),
-            params,
-            distinct_users=False,
-        ).history
+        _record(histories, effect.event_on(node), now, params, evicted=True)
+
+
+def _record(
+    histories: dict[str, NodeHistory],
+    event: StragglerEvent,
+    ts: float,
+    params: HistoryParams,
+    *,
+    evicted: bool = False,
+) -> None:
+    node = event.node
+    histories[node] = record_incident(
+        histories.get(node, NodeHistory(node)),
+        Incident(
+            event.job_id,
+            ts,
+            event.slowdown_pct,
+            event.cause,
+            since_ts=event.since_ts,
+            lasted_s=event.lasted_s,
+            evicted=evicted,
+        ),
+        params,
+        distinct_users=False,
+    ).history
 
 
 def _noting(

@@ -437,9 +437,9 @@ class Service:
         into its nodes' history as an incident of the job, however short the slowdown (the
         job paid a requeue for it; the backtest records it the same way)."""
         done = self._decisions.carry_out(effects, job, policy, now, base, evidence)
-        kept = {d["id"] for d in done if d.get("action") == "evict" and d["outcome"] != "failed"}
         if self.dry_run:
-            kept = set()
+            return done
+        kept = {d["id"] for d in done if d.get("action") == "evict" and d["outcome"] != "failed"}
         for effect in effects:
             if not isinstance(effect, lifecycle.Evict) or effect.decision_id not in kept:
                 continue

@@ -18,7 +18,7 @@ import redis
 
 from slurm_plugin.config import load_settings
 from slurm_plugin.demo.run import start_service
-from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.devcluster import DevCluster, procs
 from slurm_plugin.errors import CommandError
 from slurm_plugin.service.factory import build
 from slurm_plugin.service.state import ServiceState
@@ -157,12 +157,11 @@ def slurm(cluster: DevCluster) -> Iterator[Slurm]:
 def controller_diagnosis(cluster: DevCluster, lines: int = 25) -> str:
     """Whether the cluster's slurmctld process lives, and the end of its log: what a failing
     cluster test prints, since the cluster's files are gone when the tier brings it down."""
-    pidfile = cluster.base / "run" / "slurmctld.pid"
-    pid = pidfile.read_text().split()[0] if pidfile.exists() else "none"
-    alive = pid != "none" and Path(f"/proc/{pid}").exists()
+    pid = procs.read_pid(cluster.base / "run" / "slurmctld.pid")
     logfile = cluster.base / "log" / "slurmctld.log"
     tail = logfile.read_text(errors="replace").splitlines()[-lines:] if logfile.exists() else []
-    return "\n".join([f"slurmctld pid {pid} alive {alive}; its log ends:", *tail])
+    head = f"slurmctld pid {pid or 'none'} alive {procs.is_alive(pid)}; its log ends:"
+    return "\n".join([head, *tail])
 
 
 _DATABASES = itertools.cycle(range(1, 16))
@@ -239,22 +238,16 @@ class RedisServer:
 
 def slurmctld_pid(cluster: DevCluster) -> int:
     """The pid of the cluster's running slurmctld (from its pid file)."""
-    return int((cluster.base / "run" / "slurmctld.pid").read_text().split()[0])
+    pid = procs.read_pid(cluster.base / "run" / "slurmctld.pid")
+    assert pid is not None, "slurmctld has no pid file"
+    return pid
 
 
 def wait_gone(pid: int, what: str, timeout_s: float = 60) -> None:
     """Wait until process ``pid`` has exited. A slurmctld that was told to stop still holds its
     pid file while it saves its state and flushes accounting (seconds on a loaded machine):
     ``cluster.up()`` before it is gone takes it for running, and no controller is left."""
-
-    def gone() -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
-
-    wait_for(gone, timeout_s, what)
+    wait_for(lambda: not procs.is_alive(pid), timeout_s, what)
 
 
 def stop_slurmctld(cluster: DevCluster) -> int:

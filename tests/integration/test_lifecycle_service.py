@@ -80,6 +80,16 @@ def test_a_waited_eviction_reaches_the_value_metrics_and_the_latency(
     assert decision["hardware_evidence"] == waiting["hardware_evidence"]
 
 
+def _until_decided(loop: Loop) -> list[dict[str, Any]]:
+    """Cycles of job 5 with node3 at 2x from step 0 until a decision about it is saved (40
+    at most); its decisions."""
+    for cycle in range(40):
+        _run(loop, cycle * 10, 1, {"node3": 2.0})
+        if loop.state.job_decisions("5"):
+            break
+    return loop.state.job_decisions("5")
+
+
 #: The modules of the service and the policy a job's detection passes through on its way to
 #: an eviction: the decision itself (the first six: gathered, decided, carried out), then
 #: where its facts come from and where it is kept. A new module on that path fails here.
@@ -133,11 +143,7 @@ def test_a_detection_reaches_its_eviction_through_six_decision_modules(
             sys.setprofile(None)
 
     loop.service._handle = traced  # type: ignore[method-assign]
-    for cycle in range(40):
-        _run(loop, cycle * 10, 1, {"node3": 2.0})
-        if loop.state.job_decisions("5"):
-            break
-    (decision,) = loop.state.job_decisions("5")
+    (decision,) = _until_decided(loop)
     assert (decision["action"], decision["state"], decision["node"]) == (
         "evict",
         "verified",
@@ -157,11 +163,7 @@ def test_an_eviction_goes_into_the_nodes_history_however_short_the_slowdown(
     clock = FakeClock()
     slurm = FakeScheduler([running_job(clock)], NODES)
     loop = make_loop(slurm, clock, "a")
-    for cycle in range(40):
-        _run(loop, cycle * 10, 1, {"node3": 2.0})
-        if loop.state.job_decisions("5"):
-            break
-    (decision,) = loop.state.job_decisions("5")
+    (decision,) = _until_decided(loop)
     assert (decision["action"], decision["node"]) == ("evict", "node3")
     (incident,) = loop.state.node_history("node3").incidents
     assert incident.lasted_s is not None
