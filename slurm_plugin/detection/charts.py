@@ -81,7 +81,9 @@ def bank(scores: F64, ks: list[F64], hs: list[F64], live: np.ndarray, state: F64
     k, h = np.stack(ks), np.stack(hs)
     if k.ndim == 2:
         k, h = k[:, :, None], h[:, :, None]
-    inc = np.where(live[None, :, None], scores[None, :, :] - k, 0.0)  # (charts, rows, cols)
+    # ``live``: per row, or per row and column (jobs side by side, :mod:`.many`).
+    mask = live[None, :, None] if live.ndim == 1 else live[None, :, :]
+    inc = np.where(mask, scores[None, :, :] - k, 0.0)  # (charts, rows, cols)
     wide = inc.transpose(1, 0, 2).reshape(rows, charts * cols)
     top = np.broadcast_to(CAP * h, inc.shape).transpose(1, 0, 2).reshape(rows, charts * cols)
     s = cusum(wide, state.reshape(charts * cols), top).reshape(rows, charts, cols)
