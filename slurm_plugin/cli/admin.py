@@ -29,6 +29,7 @@ from slurm_plugin.cli.output import emit_json, emit_rows, emit_table, iso, print
 from slurm_plugin.cli.policies import policy
 from slurm_plugin.config import Settings
 from slurm_plugin.errors import ConfigError, StragglerError
+from slurm_plugin.service import collector
 from slurm_plugin.service.factory import build
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.metrics import Metrics
@@ -73,6 +74,7 @@ def serve(settings: Settings, once: bool, dry_run: bool, as_json: bool) -> None:
     service.reload_policies()  # no policy directory or no valid default policy: exit here
     if not dry_run:
         _check_rights(settings)
+    collector.tune()
     with contextlib.suppress(KeyboardInterrupt):
         report = service.run(once=once)
         if once and report.error:

@@ -38,8 +38,8 @@ class RecordBatch:
     def __len__(self) -> int:
         return len(self.rank)
 
-    def take(self, index: np.ndarray) -> RecordBatch:
-        """The records at ``index`` (boolean mask or positions)."""
+    def take(self, index: np.ndarray | slice) -> RecordBatch:
+        """The records at ``index`` (boolean mask, positions, or a slice: views)."""
         nodes = np.asarray(self.node, dtype=object)[index]
         groups = None if self.group is None else np.asarray(self.group, dtype=object)[index]
         return _batch({c: getattr(self, c)[index] for c in _COLUMNS}, nodes, groups)

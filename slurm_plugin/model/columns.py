@@ -63,20 +63,32 @@ def decode_many(
     refused.sort()
     bad_entry = np.asarray([i for i, _ in refused], dtype=np.int64)
     out = []
-    for start, end, lo, hi in zip(starts, ends, first_row, last_row, strict=True):
-        rows = np.arange(lo, hi)
-        codes, local = np.unique(whole.node_code[rows], return_inverse=True)
-        a, b = np.searchsorted(bad_entry, [start, end], side="left")
+    bad_starts = np.searchsorted(bad_entry, starts, side="left").tolist()
+    bad_ends = np.searchsorted(bad_entry, ends, side="left").tolist()
+    for lo, hi, a, b in zip(
+        first_row.tolist(), last_row.tolist(), bad_starts, bad_ends, strict=True
+    ):
+        rows = slice(lo, hi)  # a group's rows are contiguous: views, not copies
+        codes, local = _local_codes(whole.node_code[rows])
         out.append(
             Decoded(
                 whole.batch.take(rows),
-                local.astype(np.int64),
-                [whole.nodes[int(c)] for c in codes],
-                int(b - a),
+                local,
+                [whole.nodes[c] for c in codes],
+                b - a,
                 [why for _, why in refused[a : min(b, a + keep_errors)]],
             )
         )
     return out
+
+
+def _local_codes(codes: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """The distinct node codes of a group's rows and each row's index among them; one node
+    (a job of one node, a relay's entries) without a sort."""
+    if len(codes) and codes[0] == codes[-1] and (codes == codes[0]).all():
+        return [int(codes[0])], np.zeros(len(codes), dtype=np.int64)
+    distinct, local = np.unique(codes, return_inverse=True)
+    return distinct.tolist(), local.astype(np.int64)
 
 
 def _decode(

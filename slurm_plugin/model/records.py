@@ -145,6 +145,11 @@ def _field(fields: Mapping[str, str], name: str) -> str:
         raise TelemetryError(f"steps entry lacks field {name!r}") from None
 
 
+def _decimal(text: object) -> bool:
+    """Text of decimal digits only (what ``int`` reads as a number >= 0)."""
+    return isinstance(text, str) and text.isdecimal()
+
+
 def non_negative_int(text: str, name: str) -> int:
     """``text`` as an integer >= 0; :class:`TelemetryError` naming ``name`` (a record field, an
     environment variable) otherwise."""
@@ -189,9 +194,16 @@ class FlushHeader:
 def decode_header(fields: Mapping[str, str]) -> FlushHeader:
     """A flush's header and its steps text, checked; :class:`TelemetryError` naming the bad
     field otherwise (the steps' values are checked by whoever decodes them)."""
-    rank = non_negative_int(_field(fields, "rank"), "rank")
-    gpu = non_negative_int(_field(fields, "gpu"), "gpu")
-    attempt = non_negative_int(fields.get("attempt", "0"), "attempt")
+    rank_text, gpu_text = fields.get("rank", ""), fields.get("gpu", "")
+    attempt_text = fields.get("attempt", "0")
+    if _decimal(rank_text) and _decimal(gpu_text) and _decimal(attempt_text):
+        # The usual entry, at ~32,000 a cycle: decimal digits only, which int() takes and
+        # which are never negative; anything else goes through the checks that name it.
+        rank, gpu, attempt = int(rank_text), int(gpu_text), int(attempt_text)
+    else:
+        rank = non_negative_int(_field(fields, "rank"), "rank")
+        gpu = non_negative_int(_field(fields, "gpu"), "gpu")
+        attempt = non_negative_int(attempt_text, "attempt")
     node = _field(fields, "node")
     group = check_group(fields["group"]) if fields.get("group") else ""
     count = non_negative_int(_field(fields, "n"), "n")

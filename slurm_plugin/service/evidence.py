@@ -57,17 +57,26 @@ class _JobView:
     #: elastic numbers the ranks anew): a rank seen on another node is bound there.
     regroup: bool = False
 
+    #: Per rank, the index in ``nodes`` of the node it is bound to (-2: not bound), for
+    #: the nodes, bindings and attempt of the key (a running job's cycles share them).
+    _expect: tuple[tuple[object, ...], np.ndarray] | None = None
+
     def all_bound(self, rank: np.ndarray, node_code: np.ndarray, nodes: Sequence[str]) -> bool:
         """Every record's rank is already bound, to the node the record names (the common
         cycle of a running job: nothing to bind, nothing moved)."""
-        ranks = np.unique(rank).tolist()
         bound = self.rank_nodes
-        if not all(r in bound for r in ranks):
+        # Bindings only grow within an attempt, except when the job regrouped (not kept).
+        key = (tuple(nodes), len(bound), self.attempt)
+        if self.regroup or self._expect is None or self._expect[0] != key:
+            codes = {name: i for i, name in enumerate(nodes)}
+            expect = np.full(max(bound, default=-1) + 1, -2, dtype=np.int64)
+            for r, node in bound.items():
+                expect[r] = codes.get(node, -3)
+            self._expect = (key, expect)
+        expect = self._expect[1]
+        if int(rank.max()) >= len(expect):
             return False
-        codes = {name: i for i, name in enumerate(nodes)}
-        first = np.full(int(rank.max()) + 1, -1, dtype=np.int64)
-        first[ranks] = [codes.get(bound[r], -2) for r in ranks]
-        return bool((first[rank] == node_code).all())
+        return bool((expect[rank] == node_code).all())
 
 
 def _before_start(job: JobInfo, attempt: np.ndarray, ts: np.ndarray | None) -> np.ndarray:

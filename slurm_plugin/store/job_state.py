@@ -125,6 +125,23 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _kind(name: str, annotation: object) -> str:
+    """How a field's text reads: by its type (``structure`` is JSON)."""
+    text = str(annotation)
+    if name == "structure":
+        return "structure"
+    return next((k for k in ("bool", "int", "float") if k in text), "str")
+
+
+#: Per field of the hash, how its text reads (read once a cycle per job: the annotation's
+#: text is not worked out again each time).
+_KINDS = {
+    name: _kind(name, info.annotation)
+    for name, info in JobState.model_fields.items()
+    if name != "ignored"
+}
+
+
 def read(raw: Mapping[str, str]) -> JobState:
     """The hash as Redis holds it (text) with its values typed; a value that does not read
     is missing, never an error."""
@@ -136,19 +153,18 @@ def read(raw: Mapping[str, str]) -> JobState:
             if count is not None:
                 ignored[name.removeprefix(IGNORED_PREFIX)] = count
             continue
-        info = JobState.model_fields.get(name)
-        if info is None or name == "ignored" or text in (None, "", "None"):
+        kind = _KINDS.get(name)
+        if kind is None or text in (None, "", "None"):
             continue
-        annotation = str(info.annotation)
-        if name == "structure":
+        if kind == "structure":
             values[name] = _structure(text)
-        elif "bool" in annotation:
+        elif kind == "bool":
             values[name] = text == "1"
-        elif "int" in annotation:
+        elif kind == "int":
             number = _int(text)
             if number is not None:
                 values[name] = number
-        elif "float" in annotation:
+        elif kind == "float":
             value = finite(text)
             if value is not None:
                 values[name] = value

@@ -381,7 +381,9 @@ def _text(value: bytes | str) -> str:
 def _fields_text(values: Mapping[Any, Any]) -> dict[str, str]:
     """An entry's fields as text: as they are from a client that decodes (the service's)."""
     first = next(iter(values), None)
-    return dict(values) if isinstance(first, str) else to_text(values)
+    if isinstance(first, str):  # read only: a decoding client's own dict is not copied
+        return values if isinstance(values, dict) else dict(values)
+    return to_text(values)
 
 
 def entries_page(raw: Raw, after: str, until: str = "+", seen: Seen | None = None) -> EntriesPage:

@@ -11,11 +11,13 @@ from hypothesis import strategies as st
 from slurm_plugin.errors import TelemetryError
 from slurm_plugin.model import keys
 from slurm_plugin.model.records import (
+    decode_header,
     decode_json_entry,
     decode_steps,
     encode_json_entry,
     encode_steps,
     is_valid_raw,
+    non_negative_int,
 )
 
 
@@ -98,6 +100,25 @@ def test_malformed_entries_name_the_problem(fields: dict[str, str], message: str
     """Malformed telemetry raises TelemetryError that says what is wrong."""
     with pytest.raises(TelemetryError, match=message):
         decode_steps("1", fields)
+
+
+@pytest.mark.parametrize("field", ["rank", "gpu", "attempt"])
+@pytest.mark.parametrize(
+    "text", ["7", "007", "+7", " 7", "7 ", "1_0", "\u0663", "\u00b2", "", "-0"]
+)
+def test_a_header_number_reads_as_the_checked_reader_reads_it(field: str, text: str) -> None:
+    """The header's quick path for plain digits reads every number as the checks do: the
+    same value, or the same error."""
+    fields = {"rank": "1", "node": "n", "gpu": "0", "attempt": "0", "n": "0", field: text}
+    try:
+        expected: int | str = non_negative_int(text, field)
+    except TelemetryError as exc:
+        expected = str(exc)
+    try:
+        got: int | str = getattr(decode_header(fields), field)
+    except TelemetryError as exc:
+        got = str(exc)
+    assert got == expected
 
 
 @given(
