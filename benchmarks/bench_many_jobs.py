@@ -28,6 +28,7 @@ from slurm_plugin.model import keys
 from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.model.records import decode_header, encode_steps
 from slurm_plugin.model.relayed import encode_relayed
+from slurm_plugin.service import collector
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.store.telemetry_store import TelemetryStore, connect
@@ -139,6 +140,7 @@ def run(url: str, count: int, cycles: int, relayed: bool) -> list[object]:
     service = Service(
         settings, FakeScheduler(jobs, nodes), ServiceState(connect(url, decode=True)), store
     )
+    collector.tune()  # as `straggler serve` does
     durations, records, waited = [], [], []
     for cycle in range(cycles):
         publish(store, jobs, cycle * int(INTERVAL_S), now, relayed)
