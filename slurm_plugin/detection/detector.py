@@ -77,11 +77,11 @@ class Detector:
             & (batch.rank < MAX_RANK)
             & (batch.step >= 0)
             & np.isfinite(batch.ts)
-            & np.isfinite(batch.step_s)
-            & (batch.step_s >= 0)
+            & (batch.step_s >= 0)  # False for NaN
+            & ~np.isinf(batch.step_s)
         )
         for col in (batch.compute_s, batch.comm_s, batch.data_s):
-            ok &= np.isnan(col) | ((col >= 0) & np.isfinite(col))
+            ok &= ~((col < 0) | np.isinf(col))  # NaN (not measured) passes
         if not ok.all():
             self.bad_records += int((~ok).sum())
             batch = batch.take(ok)

@@ -262,8 +262,9 @@ def _process(dets: Sequence[JobDetector], blocks: Sequence[Block]) -> list[bool]
         if not det.learned and det.steps_done >= (det._warm_target or 0):
             det._learn_structure()  # the warm-up ended with this block (as process() does)
         episodes = det._episodes
-        episodes.block(ts[j], {kind: values[j] for kind, values in calm.items()})
-        episodes._calm_ts = {kind: values[j] for kind, values in calm_ts.items()}
+        # (copies, as the tails: a job keeps them until its next block)
+        episodes.block(ts[j].copy(), {kind: values[j].copy() for kind, values in calm.items()})
+        episodes._calm_ts = {kind: values[j].copy() for kind, values in calm_ts.items()}
     tail = [
         excess_c,
         excess_d,
@@ -310,7 +311,9 @@ def _keep_tails(
             new = [np.concatenate([a, b], axis=1) for a, b in zip(old, new, strict=True)]
         kept = [values[:, -keep:] for values in new]
         for i, j in enumerate(group):
-            dets[j]._tail = _Tail(*(values[i] for values in kept))
+            # Copies: a view would hold the whole group's arrays for as long as any one job
+            # keeps its tail (a job that stops reporting keeps it until it ends).
+            dets[j]._tail = _Tail(*(values[i].copy() for values in kept))
 
 
 def _sync(
