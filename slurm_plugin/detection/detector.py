@@ -86,6 +86,8 @@ class Detector:
             self.bad_records += int((~ok).sum())
             batch = batch.take(ok)
         state = self._jobs.setdefault(job_id, _JobState(job_id))
+        if state.pending:  # what waits past one call is kept in arrays of its own (_own)
+            state.pending[-1] = _own(state.pending[-1])
         state.pending.append(batch)
         if state.pending_since == math.inf:
             state.pending_since = self.clock()
@@ -265,13 +267,13 @@ class Detector:
         else:
             complete |= steps <= steps.max() - self.params.lag_steps
         if not complete.any():
-            state.pending = [batch]
+            state.pending = [_own(batch)]
             return None
         # Steps are processed in order: stop at the first incomplete one.
         cut = len(complete) if complete.all() else int(np.argmin(complete))
         ready_steps = steps[:cut]
         if not len(ready_steps):
-            state.pending = [batch]
+            state.pending = [_own(batch)]
             return None
         in_ready = batch.step <= ready_steps[-1]
         if in_ready.all():
@@ -401,6 +403,12 @@ class Detector:
                 )
             )
         return events
+
+
+def _own(batch: RecordBatch) -> RecordBatch:
+    """``batch`` in arrays of its own: a view of a cycle's decoded columns (the service's
+    decoder hands each job a slice) would keep all of them while the records wait."""
+    return batch.take(np.arange(len(batch))) if batch.rank.base is not None else batch
 
 
 def _step_counts(step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

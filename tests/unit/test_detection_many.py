@@ -188,3 +188,26 @@ def test_a_block_that_ends_the_warm_up_goes_to_the_per_job_detector() -> None:
     block = det._ready(state, final=False)
     assert block is not None
     assert many.eligible(job, block)
+
+
+def test_records_left_waiting_hold_no_view_of_the_cycles_columns() -> None:
+    """The service's decoder hands each job a slice of one cycle's columns; records that wait
+    (a rank has not reported the step yet) must not keep those columns alive, and neither may
+    a stacked job's tail keep the group's arrays (a job that stops reporting keeps its tail
+    until it ends)."""
+    steps = _job(np.random.default_rng(0), 1, 8, "healthy")
+    whole = RecordBatch.concat([steps(0, 30), steps(30, 1)])
+    det = Detector()
+    det.add("a", whole.take(slice(0, 8 * 30)))
+    det.add("b", whole.take(slice(0, 8 * 30)))
+    det.advance()  # both jobs stacked: the warm-up's 20 steps, then the other 10
+    tail = det._jobs["a"].detector._tail if det._jobs["a"].detector else None
+    assert tail is not None
+    assert all(getattr(tail, f.name).base is None for f in fields(_Tail) if f.name != "offset")
+    waiting = whole.take(slice(8 * 30, 8 * 30 + 7))  # step 30 of ranks 0-6: incomplete
+    det.add("a", waiting)
+    det.advance()
+    pending = det._jobs["a"].pending
+    assert len(pending) == 1
+    assert len(pending[0]) == 7
+    assert not np.shares_memory(pending[0].compute_s, whole.compute_s)
