@@ -147,10 +147,10 @@ class Detector:
             states.sort(key=lambda s: s.pending_since)
         for begin in range(0, len(states), _CHUNK):
             chunk = states[begin : begin + _CHUNK]
-            past = deadline is not None and self.clock() >= deadline
+            now = self.clock()
+            past = deadline is not None and now >= deadline
             if past:
                 # Oldest first: only those that waited max_wait_s still go (one job always).
-                now = self.clock()
                 late = [s for s in chunk if now - s.pending_since >= max_wait_s]
                 past = len(late) < len(chunk)
                 chunk = late or chunk[: 0 if begin else 1]

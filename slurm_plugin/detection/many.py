@@ -32,6 +32,7 @@ from slurm_plugin.detection.params import F64
 from slurm_plugin.detection.stats import (
     MAD_TO_SIGMA,
     cusum,
+    ewma,
     ewma_columns,
     row_median,
 )
@@ -130,11 +131,11 @@ def _process(dets: Sequence[JobDetector], blocks: Sequence[Block]) -> list[bool]
         """jobs x rows x cols -> rows x (jobs x cols): every job's columns side by side."""
         return values.reshape(jobs, rows, cols).transpose(1, 0, 2).reshape(rows, jobs * cols)
 
-    def per_row(values: F64, cols: int) -> F64:
+    def per_row(values: np.ndarray, cols: int) -> np.ndarray:
         """A value per job and row, repeated over the job's columns (rows x jobs x cols)."""
         return wide(np.repeat(values.reshape(jobs * rows, 1), cols, axis=1), cols)
 
-    live_wide = per_row(live, ranks).astype(bool)
+    live_wide = per_row(live, ranks)
     rank_s = np.concatenate([d._rank_s for d in dets], axis=1)  # charts x (jobs x ranks)
     rank_hit = bank(
         wide(z, ranks),
@@ -144,7 +145,7 @@ def _process(dets: Sequence[JobDetector], blocks: Sequence[Block]) -> list[bool]
         rank_s,
     )
     rank_hit = np.where(np.isfinite(wide(c, ranks)), rank_hit, 0.0)
-    node_live = per_row(live, nodes).astype(bool)
+    node_live = per_row(live, nodes)
     node_s = np.concatenate([d._node_s for d in dets], axis=1)
     node_hit = bank(
         wide(node_z, nodes),
@@ -373,8 +374,8 @@ def _sync(
 
 def _ewma_rows(values: F64, alpha: float, start: F64) -> F64:
     """:func:`slurm_plugin.detection.stats.ewma` of each row (jobs x steps) from its own
-    start, with the same arithmetic: the closed form where a row and its start are finite,
-    step by step elsewhere."""
+    start: its closed form for every row that has no gap and a start at once, the function
+    itself for the others."""
     n = values.shape[1]
     decay = 1.0 - alpha
     idx = np.arange(1, n + 1, dtype=np.float64)
@@ -384,23 +385,8 @@ def _ewma_rows(values: F64, alpha: float, start: F64) -> F64:
     if closed.any():
         cum = np.cumsum((decay ** (-idx))[None, :] * values[closed], axis=1)
         out[closed] = decay**idx * (start[closed][:, None] + alpha * cum)
-    for j in np.flatnonzero(~closed).tolist():
-        state = float(start[j])
-        row = values[j]
-        ok = finite[j]
-        if not math.isfinite(state):
-            if not ok.any():
-                out[j] = np.nan
-                continue
-            state = float(row[int(np.argmax(ok))])
-            if ok.all():
-                cum = np.cumsum(decay ** (-idx) * row)
-                out[j] = decay**idx * (state + alpha * cum)
-                continue
-        for i in range(n):
-            if ok[i]:
-                state = state + alpha * (float(row[i]) - state)
-            out[j, i] = state
+    for j in np.flatnonzero(~closed).tolist():  # a gap or no start yet: the one-row form
+        out[j] = ewma(values[j], alpha, float(start[j]))
     return out
 
 
