@@ -215,7 +215,7 @@ class Ingest:
             done = self.recovery.feed(job.job_id, kept)
             if done is not None:
                 self._recovered(done)
-        return Kept(len(kept), len(np.unique(kept.rank))), len(batch) - len(kept)
+        return Kept(len(kept), _distinct(kept.rank)), len(batch) - len(kept)
 
     def _recovered(self, done: Recovered) -> None:
         """A recovery timed: the metric (onset and action to the healthy step) and a log line."""
@@ -306,6 +306,12 @@ class _JobRead:
         self.more = moved and len(raw) >= PAGE and self.read < self.limit
         if self.mark is not None and self.cursor == self.mark.last_id:
             self.more = False
+
+
+def _distinct(values: np.ndarray) -> int:
+    """How many distinct values (a set for the few rows of a cycle of most jobs: a sort costs
+    more there)."""
+    return len(set(values.tolist())) if len(values) <= 4096 else len(np.unique(values))
 
 
 def _limit(mark: StreamMark | None, done: int) -> int:

@@ -397,9 +397,13 @@ def entries_page(raw: Raw, after: str, until: str = "+", seen: Seen | None = Non
     entries: list[Mapping[str, str]] = []
     repeats = missing = 0
     last = after
+    # A decoding client's answer (the service's) is text and dicts throughout: taken as it is.
+    text = bool(raw) and isinstance(raw[0][0], str) and isinstance(raw[0][1], dict)
     for entry_id, values in raw:
-        last = _text(entry_id)
-        fields = _fields_text(values)
+        if text:
+            last, fields = entry_id, values
+        else:
+            last, fields = _text(entry_id), _fields_text(values)
         flush = flush_id(fields) if seen is not None else None
         if seen is not None and flush is not None:
             # A rank's flushes by rank; a relay's entries by its node (never digits alone).

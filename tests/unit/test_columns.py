@@ -181,3 +181,18 @@ def test_a_malformed_flush_is_counted_with_its_reason(parser: str) -> None:
     assert decoded.malformed == 2
     assert len(decoded.batch) == 1
     assert any("rank='x'" in e for e in decoded.errors)
+
+
+def test_a_header_number_too_large_for_a_column_is_one_entry_refused(parser: str) -> None:
+    # A job writes its own stream: a rank of 30 digits made every cycle's decode raise
+    # (OverflowError building the int64 column), so no job was read until the entry expired.
+    good = encode_steps(1, "node1", 0, 0, [(0, 1.0, 1.0, None, None, None)])
+    huge = [{**good, name: "9" * 30} for name in ("rank", "gpu", "attempt")]
+    edge = {**good, "rank": str(2**31 - 1)}
+    decoded = decode_many([[good, *huge], [edge, {**good, "attempt": str(2**31)}]])
+    assert [d.malformed for d in decoded] == [3, 1]
+    assert [len(d.batch) for d in decoded] == [1, 1]
+    assert decoded[1].batch.rank.tolist() == [2**31 - 1]
+    assert any("rank='999" in e and "out of range" in e for e in decoded[0].errors)
+    with pytest.raises(TelemetryError, match="gpu="):
+        decode_steps("1", huge[1])
