@@ -291,3 +291,31 @@ def test_close_stages_are_each_their_own_structure() -> None:
         slow[rank] = lambda steps: np.where(steps >= 300, 1.277 * 1.2 - 1.0, 0.277)
     events, _ = _events(JobSpec("c", 128, 600, seed=15, compute_slow=slow))
     assert {e.node for e in events} == {"n0007"}, {(e.node, e.step) for e in events}
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_a_job_on_one_node_learns_what_the_whole_arithmetic_learns(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The short cut for unlabelled jobs on fewer nodes than a stage must cover gives what
+    the arithmetic gives: nothing, whatever the ranks' offsets (a slow GPU position, a half of
+    the node offset); with labels, or on two nodes, it is not taken."""
+    from slurm_plugin.detection import structure  # noqa: PLC0415
+
+    rng = np.random.default_rng(seed)
+    world = int(rng.integers(2, 17))
+    offset = rng.normal(0.0, 0.2, world) * (rng.random(world) < 0.5)
+    steps = 30.0
+    warm = structure.Warmup(offset * steps, (offset**2 + 0.01**2) * steps, np.full(world, steps))
+    nodes = int(rng.integers(1, 3))
+    labels = np.full(world, -1) if seed % 4 else np.arange(world) % 2
+    layout = structure.Layout(
+        np.arange(world) % nodes, np.arange(world) % 8, labels, [f"n{i}" for i in range(nodes)]
+    )
+    params = DetectionParams()
+    offsets, found = structure.learn(warm, layout, params)
+    assert structure._nothing_to_learn(layout, params) == (nodes == 1 and seed % 4 != 0)
+    monkeypatch.setattr(structure, "_nothing_to_learn", lambda *_: False)
+    whole = structure.learn(warm, layout, params)
+    assert found == whole[1]
+    assert np.array_equal(offsets, whole[0])
