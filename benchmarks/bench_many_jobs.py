@@ -6,7 +6,8 @@ instead of one per rank); "records/s": the records read per second of the cycles
 detection (the cycle gives detection a share of the interval, the longest-waiting first).
 
 The real Service, its state and telemetry store on a real Redis; Slurm is
-``slurm_plugin.testing.FakeScheduler`` (2,000 jobs cannot run on this machine). Each cycle
+``slurm_plugin.testing.FakeScheduler`` (2,000 jobs cannot run on this machine); each job is
+registered as its prolog would. Each cycle
 every rank publishes the steps of one interval (2 s) as it would, then one cycle runs; the
 cycle's own duration is measured (publishing is the ranks' work, not the service's). Run
 against an empty Redis database (it refuses any other):
@@ -31,6 +32,7 @@ from slurm_plugin.model.relayed import encode_relayed
 from slurm_plugin.service import collector
 from slurm_plugin.service.loop import Service
 from slurm_plugin.service.state import ServiceState
+from slurm_plugin.store import registration
 from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 from slurm_plugin.testing import FakeScheduler
 
@@ -137,6 +139,14 @@ def run(url: str, count: int, cycles: int, relayed: bool) -> list[object]:
             "interval_s": INTERVAL_S,
         },
     )
+    for job in jobs:  # as each job's prolog does
+        registration.register(
+            store.client,
+            job.job_id,
+            registration.Registration(
+                policy="observe", nodes=job.nodes[0], user="bench", registered_at=f"{now:.3f}"
+            ),
+        )
     service = Service(
         settings, FakeScheduler(jobs, nodes), ServiceState(connect(url, decode=True)), store
     )

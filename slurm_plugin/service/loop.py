@@ -27,6 +27,7 @@ from slurm_plugin.policy import lifecycle
 from slurm_plugin.policy.decide import ClusterContext, is_slowdown
 from slurm_plugin.policy.history import other_jobs, slow_elsewhere
 from slurm_plugin.policy.schema import Policy
+from slurm_plugin.service.collector import BetweenCycles
 from slurm_plugin.service.decisions import Decisions
 from slurm_plugin.service.evidence import gather_evidence
 from slurm_plugin.service.executor import Executor
@@ -114,6 +115,7 @@ class Service:
             deployment=settings.deployment,
         )
         self._policies = PolicySet(settings, state)
+        self._collector = BetweenCycles()
         self._detectors: dict[tuple[str, DetectionParams], Detector] = {}
         #: Builds a detector for a policy's parameters (a test's scripted detections).
         self._new_detector = detector
@@ -154,7 +156,8 @@ class Service:
         started = time.monotonic()
         report = CycleReport()
         try:
-            self._cycle(report)
+            with self._collector.cycle():
+                self._cycle(report)
             self._failures = 0
         except Exception as exc:  # the loop boundary: one bad cycle never stops the next
             where = "Redis " if isinstance(exc, redis.RedisError) else ""
@@ -203,7 +206,7 @@ class Service:
         # Every running job's state (as the identity check read and left it), registration
         # and new telemetry in a few round trips.
         known = self._identities.states
-        self._policies.prefetch(list(running))
+        self._policies.prefetch(running.values())
         watched = []
         for job in running.values():
             policy = self.policy_for(job)
@@ -261,6 +264,7 @@ class Service:
                 self._told.pop(job_id, None)
         for job_id in reused:
             self._ingest.forget(job_id)
+            self._policies.forget(job_id)
         self._ingest.forget_all_but(running)
         self._value.forget_all_but(set(running) - reused)
         self._decisions.ended(set(running) - reused)

@@ -4,6 +4,7 @@ circuit breaker, leader lock and heartbeat. One class, so every key goes through
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
@@ -27,6 +28,9 @@ from slurm_plugin.store.telemetry_store import RedisClient
 
 log = structlog.get_logger(__name__)
 
+#: A job's service state has its TTL set again at most this often by one instance (each cycle
+#: writes every running job's cursors: 2,000 EXPIREs a cycle at 2,000 jobs otherwise).
+JOB_TTL_REFRESH_S = 3600.0
 #: How long a decision waits for a replica to have it before Slurm is touched (Sentinel).
 REPLICA_WAIT_MS = 1000
 OPEN_STATES = {"planned", "held", "excluded", "released", "waiting"}
@@ -59,6 +63,8 @@ class ServiceState:
         self.client = client
         self.clock = clock
         self.retention_s = int(retention_s)
+        #: Per job, when this instance last set the TTL of its service state (monotonic).
+        self._ttl_set: dict[str, float] = {}
 
     # -- decisions and audit -----------------------------------------------------------------
     def save_decision(self, decision_id: str, fields: dict[str, Any]) -> None:
@@ -234,15 +240,23 @@ class ServiceState:
         self.update_jobs({job_id: fields})
 
     def update_jobs(self, updates: Mapping[str, Mapping[str, Any]]) -> None:
-        """:meth:`update_job` of many jobs, in one round trip."""
+        """:meth:`update_job` of many jobs, in one round trip. The state lives
+        ``JOB_TTL_ACTIVE_S`` past its last update, give or take ``JOB_TTL_REFRESH_S``: the TTL
+        is set again only that often (and on a key it may not have: the first write of the
+        job here, after :meth:`forget_job`)."""
+        now = time.monotonic()
         pipe = self.client.pipeline(transaction=False)
         for job_id, fields in updates.items():
             if not fields:
                 continue
             key = keys.job_service(job_id)
             pipe.hset(key, mapping=cast("dict[Any, Any]", job_state.encode(fields)))
-            pipe.expire(key, keys.JOB_TTL_ACTIVE_S)
+            if now - self._ttl_set.get(job_id, -math.inf) >= JOB_TTL_REFRESH_S:
+                pipe.expire(key, keys.JOB_TTL_ACTIVE_S)
+                self._ttl_set[job_id] = now
         pipe.execute()
+        if len(self._ttl_set) > 2 * len(updates) + 4096:  # jobs long gone: forgotten
+            self._ttl_set = {j: t for j, t in self._ttl_set.items() if now - t < JOB_TTL_REFRESH_S}
 
     def job_metas(self, job_ids: Sequence[str]) -> dict[str, Registration]:
         """:meth:`job_meta` of many jobs, in one round trip."""
@@ -252,6 +266,7 @@ class ServiceState:
         """Drop the service's state for a job id (Slurm gave it to another job): counts,
         cooldown, cursors, waiting. Its decisions stay in the audit, their job index too."""
         self.client.delete(keys.job_service(job_id))
+        self._ttl_set.pop(job_id, None)
 
     def uncount_eviction(self, job_id: str) -> None:
         """An eviction counted before acting never happened: give the job its count back."""

@@ -3,19 +3,24 @@ counted (never lost silently), a backlog is read whole, and a flush stored twice
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
+from pathlib import Path
 from typing import Any, cast
 
 import redis
 
+from slurm_plugin.config import Settings
 from slurm_plugin.detection import Detector
 from slurm_plugin.model import keys
 from slurm_plugin.model.cluster import JobInfo
 from slurm_plugin.model.records import encode_steps
 from slurm_plugin.service.ingest import Ingest
 from slurm_plugin.service.metrics import Metrics
+from slurm_plugin.service.policies import REGISTRATION_KEPT_S, PolicySet
 from slurm_plugin.service.state import ServiceState
+from slurm_plugin.store import registration
 from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 from slurm_plugin.telemetry.reporter import StepReporter
 from slurm_plugin.testing import FakeClock
@@ -150,3 +155,98 @@ def test_a_flush_redis_stored_before_the_client_gave_up_is_read_once(
     assert int(state.job("5")["steps_repeats"]) >= 1
     exported = sorted(r.step for r in TelemetryStore(admin).iter_steps("5"))
     assert exported == list(range(100))
+
+
+def test_a_number_too_large_for_a_column_costs_one_entry_not_the_cycle(
+    private_redis: RedisServer,
+) -> None:
+    """A job writes its own stream: one flush whose rank has 30 digits made the cycle's decode
+    raise for every job read with it, and again each cycle (the cursor never moved past it)."""
+    raw = redis.Redis.from_url(private_redis.url)
+    store = TelemetryStore(raw)
+    state = ServiceState(redis.Redis.from_url(private_redis.url, decode_responses=True))
+    ingest = Ingest(state, store, Metrics())
+    clock = FakeClock()
+    hostile, other = running_job(clock, "5"), running_job(clock, "6")
+    _publish(store, hostile, 0, 5, maxlen=10_000)
+    bad = encode_steps(
+        0, "node1", 0, 0, [(5, (hostile.start_time or 0) + 5, 0.1, 0.08, 0.01, 0.01)]
+    )
+    store.publish(hostile.job_id, [{**bad, "rank": "9" * 30}], steps_maxlen=10_000)
+    _publish(store, hostile, 6, 4, maxlen=10_000)
+    _publish(store, other, 0, 10, maxlen=10_000)
+    detector = Detector()
+    read = ingest.read([(hostile, detector), (other, detector)])
+    assert {job_id: kept.records for job_id, (kept, _) in read.items()} == {"5": 9, "6": 10}
+    assert state.job("5")["steps_read"] == "10"  # the bad entry is behind the cursor
+    again = ingest.read([(hostile, detector), (other, detector)])
+    assert [kept.records for kept, _ in again.values()] == [0, 0]
+
+
+def test_a_jobs_state_keeps_a_ttl_though_it_is_not_set_every_cycle(
+    private_redis: RedisServer,
+) -> None:
+    """Each cycle writes every running job's cursors; the TTL goes with the first write and
+    again after the state was dropped (an id Slurm gave another job), not with every write."""
+    client = redis.Redis.from_url(private_redis.url, decode_responses=True)
+    state = ServiceState(client)
+    key = keys.job_service("5")
+    state.update_jobs({"5": {"steps_cursor": "1-0"}})
+    assert 0 < client.ttl(key) <= keys.JOB_TTL_ACTIVE_S
+    client.config_resetstat()
+    for cursor in range(2, 12):
+        state.update_jobs({"5": {"steps_cursor": f"{cursor}-0"}, "6": {"steps_cursor": "1-0"}})
+    calls = {name: stat["calls"] for name, stat in client.info("commandstats").items()}
+    assert calls.get("cmdstat_expire") == 1  # job 6's first write; job 5's TTL stands
+    assert 0 < client.ttl(keys.job_service("6")) <= keys.JOB_TTL_ACTIVE_S
+    state.forget_job("5")
+    state.update_jobs({"5": {"steps_cursor": "1-0"}})
+    assert 0 < client.ttl(key) <= keys.JOB_TTL_ACTIVE_S
+
+
+def _register(client: redis.Redis, job: JobInfo, policy: str, attempt: int) -> None:
+    registration.register(
+        client,
+        job.job_id,
+        registration.Registration(
+            policy=policy, attempt=str(attempt), user=job.user, registered_at="1800000000.000"
+        ),
+    )
+
+
+def test_a_registration_is_kept_for_its_attempt_and_read_again_after_a_requeue(
+    private_redis: RedisServer,
+) -> None:
+    """The prolog writes a job's registration once per attempt: the service keeps the one of
+    the attempt Slurm runs (not read each cycle), reads it every cycle while the new attempt's
+    prolog has not written yet, and again once the id is another job's or time has passed."""
+    client = redis.Redis.from_url(private_redis.url, decode_responses=True)
+    clock = FakeClock()
+    settings = Settings(
+        redis={"url": private_redis.url},
+        service={"policy_dir": Path(__file__).resolve().parents[2] / "policies"},
+    )
+    policies = PolicySet(settings, ServiceState(client), clock=clock)
+    policies.reload()
+    job = running_job(clock, "5", policy="evict")
+
+    def chosen(job: JobInfo) -> str:
+        policies.prefetch([job])
+        return policies.for_job(job).name
+
+    _register(client, job, "observe", attempt=0)
+    assert chosen(job) == "observe"
+    _register(client, job, "evict", attempt=0)  # no prolog does this: shows it is kept
+    assert chosen(job) == "observe"
+    clock.advance(REGISTRATION_KEPT_S)
+    assert chosen(job) == "evict"
+
+    requeued = dataclasses.replace(job, restarts=1)
+    assert chosen(requeued) == "evict"  # attempt 0's, read again each cycle meanwhile
+    _register(client, requeued, "observe", attempt=1)  # the new attempt's prolog
+    assert chosen(requeued) == "observe"
+
+    _register(client, requeued, "evict", attempt=1)
+    assert chosen(requeued) == "observe"
+    policies.forget(job.job_id)  # Slurm gave the id to another job
+    assert chosen(requeued) == "evict"
