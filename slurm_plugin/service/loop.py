@@ -116,6 +116,9 @@ class Service:
         )
         self._policies = PolicySet(settings, state)
         self._collector = BetweenCycles()
+        #: Per detection policy object (by id, the object kept: an id is never reused while
+        #: it is here), its parameters.
+        self._params: dict[int, tuple[object, DetectionParams]] = {}
         self._detectors: dict[tuple[str, DetectionParams], Detector] = {}
         #: Builds a detector for a policy's parameters (a test's scripted detections).
         self._new_detector = detector
@@ -273,10 +276,23 @@ class Service:
         key = self._job_policy.get(job_id)
         return None if key is None else self._detectors.get(key)
 
+    def _params_of(self, policy: Policy) -> DetectionParams:
+        """The policy's detection parameters, worked out once per policy object (each cycle
+        re-reads the policies; the jobs of one policy share its object): was ~10 us a job."""
+        kept = self._params.get(id(policy.detection))
+        if kept is None or kept[0] is not policy.detection:
+            if len(self._params) > 256:
+                self._params.clear()
+            kept = self._params[id(policy.detection)] = (
+                policy.detection,
+                policy.detection.params(),
+            )
+        return kept[1]
+
     def _detector_for(self, job: JobInfo, policy: Policy) -> Detector:
         """One detector per policy and detection parameters: a job's own stricter minimum
         (sbatch --straggler-min-slowdown) never changes the thresholds of other jobs."""
-        key = (policy.name, policy.detection.params())
+        key = (policy.name, self._params_of(policy))
         was = self._job_policy.get(job.job_id)
         if was is None or was[0] != policy.name:  # shown by `jobs`, `job show`
             self.state.update_job(job.job_id, policy=policy.name)
