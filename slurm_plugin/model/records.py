@@ -328,13 +328,37 @@ def _no_constant(name: str) -> Any:
     raise TelemetryError(f"entry holds {name}, not a finite number")
 
 
+def _json_int(text: str) -> int:
+    """An integer of a JSON entry: at most 18 digits (a larger one is no step, time or count
+    a job reports, and 10**400 raised OverflowError where the service took it for a time)."""
+    if len(text.lstrip("-")) > 18:
+        raise TelemetryError(f"entry holds an integer of {len(text)} characters")
+    return int(text)
+
+
+def _json_float(text: str) -> float:
+    """A float of a JSON entry, finite (1e400 reads as infinity)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise TelemetryError(f"entry holds {text[:20]}, not a finite number")
+    return value
+
+
 def decode_json_entry(fields: Mapping[str, str]) -> dict[str, Any]:
     """Decode :func:`encode_json_entry`; raise :class:`TelemetryError` when malformed (NaN and
-    the infinities included: Python's JSON reads them, our writers never write them)."""
+    the infinities included: Python's JSON reads them, our writers never write them; and an
+    integer past 18 digits). Any entry a job writes decodes or raises this error alone: one
+    that raised another (a 5,000-digit integer: ValueError) failed the service's whole cycle,
+    and again each cycle, for every job."""
     try:
-        value = json.loads(_field(fields, "json"), parse_constant=_no_constant)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise TelemetryError(f"entry is not valid JSON: {exc}") from None
+        value = json.loads(
+            _field(fields, "json"),
+            parse_constant=_no_constant,
+            parse_int=_json_int,
+            parse_float=_json_float,
+        )
+    except (ValueError, RecursionError, TypeError) as exc:
+        raise TelemetryError(f"entry is not valid JSON: {exc}".splitlines()[0][:200]) from None
     if not isinstance(value, dict):
         raise TelemetryError("entry JSON is not an object")
     return value

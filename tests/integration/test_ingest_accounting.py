@@ -4,6 +4,7 @@ counted (never lost silently), a backlog is read whole, and a flush stored twice
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 from pathlib import Path
@@ -181,6 +182,31 @@ def test_a_number_too_large_for_a_column_costs_one_entry_not_the_cycle(
     assert state.job("5")["steps_read"] == "10"  # the bad entry is behind the cursor
     again = ingest.read([(hostile, detector), (other, detector)])
     assert [kept.records for kept, _ in again.values()] == [0, 0]
+
+
+def test_an_event_with_a_number_no_job_reports_costs_one_event_not_the_cycle(
+    private_redis: RedisServer,
+) -> None:
+    """A job's events stream holding a time of 400 digits (OverflowError) and one of 5,000
+    (ValueError in the parser) failed every cycle for every job; they are malformed events,
+    counted, and the other job's checkpoint is read."""
+    raw = redis.Redis.from_url(private_redis.url)
+    state = ServiceState(redis.Redis.from_url(private_redis.url, decode_responses=True))
+    ingest = Ingest(state, TelemetryStore(raw), Metrics())
+    clock = FakeClock()
+    hostile, other = running_job(clock, "5"), running_job(clock, "6")
+    for digits in (400, 5000):
+        raw.xadd(
+            keys.job_events("5"),
+            {"json": '{"name": "checkpoint_end", "ts": 1' + "0" * digits + "}"},
+        )
+    raw.xadd(keys.job_events("6"), {"json": json.dumps({"name": "checkpoint_end", "ts": clock()})})
+    detector = Detector()
+    for _ in range(2):  # the cursor moved past them: the next cycle reads nothing again
+        ingest.read([(hostile, detector), (other, detector)])
+    assert state.job("5")["ignored_malformed_event"] == "2"
+    assert state.job("5").get("last_checkpoint_ts") is None
+    assert float(state.job("6")["last_checkpoint_ts"]) == clock()
 
 
 def test_a_jobs_state_keeps_a_ttl_though_it_is_not_set_every_cycle(

@@ -164,3 +164,24 @@ def test_json_entries() -> None:
     for constant in ("NaN", "Infinity", "-Infinity"):
         with pytest.raises(TelemetryError, match="not a finite number"):
             decode_json_entry({"json": f'{{"ts": {constant}}}'})
+
+
+def test_a_json_entry_with_a_number_no_job_reports_is_refused_not_raised() -> None:
+    # A job writes its own events: an integer of 400 digits raised OverflowError where the
+    # service took it for a time, one of 5,000 ValueError in the parser; either failed the
+    # service's whole cycle, for every job, each cycle until the entry expired.
+    for text in (
+        '{"name": "checkpoint_end", "ts": 1' + "0" * 400 + "}",
+        '{"name": "checkpoint_end", "ts": 1' + "0" * 5000 + "}",
+        '{"name": "checkpoint_end", "ts": 1e400}',
+        '{"name": "x", "step": -' + "9" * 19 + "}",
+        '{"name": "x", "d": [1, {"e": 1' + "0" * 30 + "}]}",
+    ):
+        with pytest.raises(TelemetryError):
+            decode_json_entry({"json": text})
+    big = '{"step": 999999999999999999, "ts": 1.5e9, "n": -999999999999999999}'
+    assert decode_json_entry({"json": big}) == {
+        "step": 999999999999999999,
+        "ts": 1.5e9,
+        "n": -999999999999999999,
+    }
