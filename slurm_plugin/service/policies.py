@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 
@@ -114,8 +115,21 @@ class PolicySet:
         return apply_job_overrides(base, meta.job_options())
 
 
+#: A registration written this long before Slurm started the job's attempt is not kept (an
+#: earlier job's with the same id, where its prolog failed to write; nodes' clocks may differ).
+KEEP_SLACK_S = 300.0
+
+
 def _of_run(meta: Registration, job: JobInfo) -> bool:
-    """The registration is the one the prolog wrote for the attempt (and run) Slurm runs."""
+    """The registration is the one the prolog wrote for the attempt (and run) Slurm runs:
+    only such a one is kept (any other is read again each cycle, as it was before)."""
     if not meta.registered_at or meta.attempt != str(job.restarts):
         return False
-    return job.sluid is None or meta.run == job.sluid
+    if job.sluid is not None and meta.run != job.sluid:
+        return False
+    try:
+        written = float(meta.registered_at)
+    except ValueError:
+        return False
+    start = job.start_time
+    return start is None or not math.isfinite(start) or written >= start - KEEP_SLACK_S

@@ -230,12 +230,14 @@ def test_a_jobs_state_keeps_a_ttl_though_it_is_not_set_every_cycle(
     assert 0 < client.ttl(key) <= keys.JOB_TTL_ACTIVE_S
 
 
-def _register(client: redis.Redis, job: JobInfo, policy: str, attempt: int) -> None:
+def _register(
+    client: redis.Redis, job: JobInfo, policy: str, attempt: int, at: float = 1.8e9
+) -> None:
     registration.register(
         client,
         job.job_id,
         registration.Registration(
-            policy=policy, attempt=str(attempt), user=job.user, registered_at="1800000000.000"
+            policy=policy, attempt=str(attempt), user=job.user, registered_at=f"{at:.3f}"
         ),
     )
 
@@ -276,3 +278,11 @@ def test_a_registration_is_kept_for_its_attempt_and_read_again_after_a_requeue(
     assert chosen(requeued) == "observe"
     policies.forget(job.job_id)  # Slurm gave the id to another job
     assert chosen(requeued) == "evict"
+
+    # Written an hour before Slurm started this run (an earlier job's, whose prolog wrote
+    # and this one's did not): read again every cycle, never kept.
+    other = running_job(clock, "7", policy="evict")
+    _register(client, other, "observe", attempt=0, at=(other.start_time or 0) - 3600)
+    assert chosen(other) == "observe"
+    _register(client, other, "evict", attempt=0, at=(other.start_time or 0) - 3600)
+    assert chosen(other) == "evict"
