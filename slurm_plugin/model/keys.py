@@ -50,6 +50,11 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
+def is_name(name: str) -> bool:
+    """``name`` is valid as a policy name (what :func:`policy` takes)."""
+    return bool(_NAME.fullmatch(name))
+
+
 def check_node(node: str) -> str:
     """Return ``node`` when it is a valid node name, else raise :class:`TelemetryError`."""
     if not _NODE.fullmatch(node):
@@ -144,6 +149,9 @@ DECISIONS = f"{PREFIX}decisions"
 SCHEMA = f"{PREFIX}schema"
 SCHEMA_VERSION = 1
 DECISIONS_OPEN = f"{PREFIX}decisions:open"
+#: Set: the names of the policies applied through Redis (each one's JSON at ``policy(name)``),
+#: so that the service reads them without scanning the keyspace every cycle.
+POLICY_NAMES = f"{PREFIX}policies"
 #: Sorted set: decision id -> when its job was requeue-held (the hourly eviction budget).
 EVICTIONS = f"{PREFIX}evictions"
 #: Evictions older than this leave EVICTIONS (the budget looks one hour back).

@@ -31,6 +31,9 @@ log = structlog.get_logger(__name__)
 #: A job's service state has its TTL set again at most this often by one instance (each cycle
 #: writes every running job's cursors: 2,000 EXPIREs a cycle at 2,000 jobs otherwise).
 JOB_TTL_REFRESH_S = 3600.0
+#: Seconds between two scans for applied policies that the name index may not list (applied
+#: by a release before it); between them the index alone is read.
+POLICY_SCAN_EVERY_S = 60.0
 #: How long a decision waits for a replica to have it before Slurm is touched (Sentinel).
 REPLICA_WAIT_MS = 1000
 OPEN_STATES = {"planned", "held", "excluded", "released", "waiting"}
@@ -65,6 +68,8 @@ class ServiceState:
         self.retention_s = int(retention_s)
         #: Per job, when this instance last set the TTL of its service state (monotonic).
         self._ttl_set: dict[str, float] = {}
+        #: When this instance last scanned for applied policies (``applied_policies``).
+        self._policies_scanned_at = -math.inf
 
     # -- decisions and audit -----------------------------------------------------------------
     def save_decision(self, decision_id: str, fields: dict[str, Any]) -> None:
@@ -318,20 +323,46 @@ class ServiceState:
     # -- applied policies and prolog findings ----------------------------------------------
     def apply_policy(self, name: str, policy_json: str) -> None:
         """Store a validated policy; it overrides the file of the same name."""
-        self.client.set(keys.policy(name), policy_json)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(keys.policy(name), policy_json)
+        pipe.sadd(keys.POLICY_NAMES, name)
+        pipe.execute()
 
     def revert_policy(self, name: str) -> bool:
         """Drop an applied policy (the file of that name, if any, counts again); False when
         none was applied under ``name``."""
-        return bool(self.client.delete(keys.policy(name)))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(keys.policy(name))
+        pipe.srem(keys.POLICY_NAMES, name)
+        deleted, _ = pipe.execute()
+        return bool(deleted)
 
     def applied_policies(self) -> dict[str, str]:
-        """Policies applied through Redis, as JSON by name."""
+        """Policies applied through Redis, as JSON by name: those the name index lists (one
+        round trip, not a scan of the keyspace: the service reads them every cycle), and every
+        ``POLICY_SCAN_EVERY_S`` (and at this instance's first read) those a scan finds, which
+        covers a policy a release before the index applied; the index is mended then."""
+        now = self.clock()
+        if (
+            now - self._policies_scanned_at >= POLICY_SCAN_EVERY_S
+            or now < self._policies_scanned_at
+        ):
+            prefix = keys.policy("x")[:-1]
+            found_keys = self.client.scan_iter(match=f"{prefix}*", count=200)
+            names = {n for k in found_keys if keys.is_name(n := str(k)[len(prefix) :])}
+            if names:
+                self.client.sadd(keys.POLICY_NAMES, *sorted(names))
+            self._policies_scanned_at = now
+        else:
+            names = set(cast("set[str]", self.client.smembers(keys.POLICY_NAMES)))
+        ordered = sorted(n for n in names if keys.is_name(n))  # a stray name: not a policy
+        pipe = self.client.pipeline(transaction=False)
+        for name in ordered:
+            pipe.get(keys.policy(name))
         found = {}
-        for key in self.client.scan_iter(match=f"{keys.PREFIX}policy:*", count=200):
-            raw = cast("str | None", self.client.get(key))
+        for name, raw in zip(ordered, pipe.execute(), strict=True):
             if raw:
-                found[str(key).split(":", 2)[2]] = raw
+                found[name] = cast("str", raw)
         return found
 
     def prolog_finding(self, node: str) -> tuple[str, float | None] | None:

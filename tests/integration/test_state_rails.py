@@ -119,3 +119,34 @@ def test_the_leader_lock_has_one_owner_and_only_the_owner_keeps_or_frees_it(
     wait_for(lambda: state.client.get(keys.LEADER) is None, 10, "b's lock to lapse")
     assert not state.leads("b")
     assert state.lead("a", ttl_s=1.0)
+
+
+def test_applied_policies_are_read_from_their_index_and_a_scan_a_minute(
+    private_redis: RedisServer,
+) -> None:
+    """The service reads the applied policies every cycle: from the name index (one SMEMBERS,
+    no scan of a keyspace of 100,000 keys), with a scan at its first read and then once a
+    minute, which finds a policy a release before the index applied (and mends the index)."""
+    clock = FakeClock()
+    state = _state(private_redis, clock)
+    admin = redis.Redis.from_url(private_redis.url, decode_responses=True)
+    state.apply_policy("strict", '{"name": "strict"}')
+    assert state.applied_policies() == {"strict": '{"name": "strict"}'}  # the first read scans
+    admin.set(keys.policy("older"), '{"name": "older"}')  # applied without the index
+    admin.set(f"{keys.PREFIX}policy:not a name", "{}")  # a stray key is not a policy
+    admin.config_resetstat()
+    for _ in range(3):
+        assert state.applied_policies() == {"strict": '{"name": "strict"}'}
+        clock.advance(10)
+    calls = {name: stat["calls"] for name, stat in admin.info("commandstats").items()}
+    assert "cmdstat_scan" not in calls
+    assert calls["cmdstat_smembers"] == 3
+    clock.advance(30)  # a minute since the scan
+    found = state.applied_policies()
+    assert found == {"strict": '{"name": "strict"}', "older": '{"name": "older"}'}
+    assert admin.smembers(keys.POLICY_NAMES) == {"strict", "older"}
+    assert state.revert_policy("strict")
+    assert not state.revert_policy("strict")
+    assert state.applied_policies() == {"older": '{"name": "older"}'}  # at once, no scan
+    admin.delete(keys.policy("older"))  # reverted by a release before the index
+    assert state.applied_policies() == {}
