@@ -113,12 +113,7 @@ def _nothing_to_learn(layout: Layout, p: DetectionParams) -> bool:
     thousands of jobs whose warm-up ends together after the service restarts)."""
     if len(layout.rank_group) == layout.world and bool((layout.rank_group >= 0).any()):
         return False
-    rank_node = layout.rank_node
-    if not len(rank_node):
-        return True
-    if p.structure_min_nodes > 2:
-        return len(np.unique(rank_node)) < p.structure_min_nodes
-    return bool((rank_node == rank_node[0]).all())
+    return len(np.unique(layout.rank_node)) < p.structure_min_nodes
 
 
 def _shared_offsets(

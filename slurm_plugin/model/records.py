@@ -148,11 +148,6 @@ def _field(fields: Mapping[str, str], name: str) -> str:
         raise TelemetryError(f"steps entry lacks field {name!r}") from None
 
 
-def _decimal(text: object) -> bool:
-    """Text of decimal digits only (what ``int`` reads as a number >= 0)."""
-    return isinstance(text, str) and text.isdecimal()
-
-
 def non_negative_int(text: str, name: str) -> int:
     """``text`` as an integer >= 0; :class:`TelemetryError` naming ``name`` (a record field, an
     environment variable) otherwise."""

@@ -96,7 +96,6 @@ class PolicySet:
     def forget(self, job_id: str) -> None:
         """Read the job's registration again (Slurm gave its id to another job)."""
         self._kept.pop(job_id, None)
-        self._metas.pop(job_id, None)
 
     def for_job(self, job: JobInfo) -> Policy:
         """The job's policy: its registration, its comment, else the cluster default; with the

@@ -343,19 +343,18 @@ class ServiceState:
         ``POLICY_SCAN_EVERY_S`` (and at this instance's first read) those a scan finds, which
         covers a policy a release before the index applied; the index is mended then."""
         now = self.clock()
-        if (
-            now - self._policies_scanned_at >= POLICY_SCAN_EVERY_S
-            or now < self._policies_scanned_at
-        ):
-            prefix = keys.policy("x")[:-1]
-            found_keys = self.client.scan_iter(match=f"{prefix}*", count=200)
-            names = {n for k in found_keys if keys.is_name(n := str(k)[len(prefix) :])}
-            if names:
-                self.client.sadd(keys.POLICY_NAMES, *sorted(names))
-            self._policies_scanned_at = now
+        since = now - self._policies_scanned_at
+        scan = since >= POLICY_SCAN_EVERY_S or since < 0
+        if scan:
+            prefix = f"{keys.PREFIX}policy:"
+            listed = {str(key)[len(prefix) :] for key in self.client.scan_iter(f"{prefix}*", 200)}
         else:
-            names = set(cast("set[str]", self.client.smembers(keys.POLICY_NAMES)))
-        ordered = sorted(n for n in names if keys.is_name(n))  # a stray name: not a policy
+            listed = cast("set[str]", self.client.smembers(keys.POLICY_NAMES))
+        ordered = sorted(n for n in listed if keys.is_name(n))  # a stray key: not a policy
+        if scan:
+            if ordered:
+                self.client.sadd(keys.POLICY_NAMES, *ordered)
+            self._policies_scanned_at = now
         pipe = self.client.pipeline(transaction=False)
         for name in ordered:
             pipe.get(keys.policy(name))
