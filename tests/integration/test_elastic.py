@@ -56,7 +56,7 @@ def test_an_elastic_job_leaves_the_slow_node_without_a_requeue(
             cluster,
             tmp_path / "run",
             policy="evict",
-            steps=600,
+            steps=300,  # ~80 steps to the recovery (the slowed ones take ~25 s), ~15 s after it
             slow_at=60,
             quota_pct=10,
             redis_db=11,
