@@ -131,7 +131,7 @@ def node(name: str) -> str:
 
 def policy(name: str) -> str:
     """String: a validated policy as JSON."""
-    if not _NAME.fullmatch(name):
+    if not is_name(name):
         raise TelemetryError(f"invalid policy name {name[:40]!r}")
     return f"{PREFIX}policy:{name}"
 
