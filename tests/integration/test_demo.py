@@ -13,10 +13,12 @@ from slurm_plugin.backtest import run_backtest
 from slurm_plugin.config import Settings
 from slurm_plugin.demo.export import write_run
 from slurm_plugin.demo.report import render
-from slurm_plugin.demo.run import REPO, run_scenario, summarize
+from slurm_plugin.demo.run import REPO, SLOW_NODE, DemoRun, run_scenario, summarize
+from slurm_plugin.detection.params import DetectionParams
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.errors import DevClusterError
 from slurm_plugin.policy.loader import load_policy
+from slurm_plugin.store import decision as decision_record
 from slurm_plugin.trace import read_trace
 from slurm_plugin.trace_meta import read_context
 from tests.integration.test_stacks import check_why
@@ -28,11 +30,31 @@ pytestmark = pytest.mark.alone
 pytest.importorskip("torch", reason="the torch extra is installed by `make install`")
 
 
+def _listening_from(run: DemoRun) -> int:
+    """The step from which a report on node3 could come: the onset's, or, when node3 was
+    reported before the onset (a noise flag: six ranks share two cores), the step the job was
+    at when that report's re-arm period ended (the detector reports a node again only after
+    ``rearm_s``; documented, and measured on the months in benchmarks/README.md)."""
+    assert run.onset_step is not None
+    early = [
+        decision_record.read(d)
+        for d in run.decisions
+        if d.get("node") == SLOW_NODE and (decision_record.read(d).step or 0) < run.onset_step
+    ]
+    heard = [r.detected_ts for r in early if r.detected_ts is not None]
+    if not heard:
+        return run.onset_step
+    rearmed_ts = max(heard) + DetectionParams().rearm_s
+    steps = [r.step for r in run.records if r.attempt == 0 and r.ts <= rearmed_ts]
+    return max([run.onset_step, *steps])
+
+
 def test_straggler_is_evicted_and_the_job_resumes_elsewhere(
     cluster: DevCluster, tmp_path: Path
 ) -> None:
     """Final NodeList without node3, Restarts=1, resumed from a checkpoint step > 0,
-    COMPLETED, detected within 30 steps of the onset."""
+    COMPLETED, detected within 30 steps of the onset (or of the end of the re-arm period of
+    a report on node3 just before the onset)."""
     lines: list[str] = []
 
     def seen() -> str:
@@ -65,7 +87,8 @@ def test_straggler_is_evicted_and_the_job_resumes_elsewhere(
     assert summary["resumed_from_step"] is not None
     assert summary["resumed_from_step"] > 0
     assert summary["detection_delay_steps"] is not None
-    assert 0 <= summary["detection_delay_steps"] <= 30, seen()
+    assert summary["detection_delay_steps"] >= 0, seen()
+    assert summary["detection_step"] - _listening_from(run) <= 30, seen()
     # A flag before the onset (six ranks on two cores lag at times) may be annotated, no more.
     assert summary["actions_before_onset"] == [], seen()
     evictions = [d for d in run.decisions if d.get("action") == "evict"]
