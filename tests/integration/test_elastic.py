@@ -3,8 +3,10 @@ nodes, 3 of them enough (``torchrun --nnodes 3:4``, each node's launcher under
 ``straggler leave-on-advice``), node3 slowed by the demo's CPU quota, submitted with
 ``--straggler-recovery=advice``. The service advises the job to leave node3; node3's
 launcher stops, the other three re-form and resume from the last checkpoint, and the job
-completes with no Slurm requeue. Advice not acted on is requeued at its deadline, as today
-(and over a fake Slurm, rule by rule: test_advice.py)."""
+completes with no Slurm requeue. Advice not acted on is requeued at its deadline, as today:
+the same elastic job on 3 nodes of 2 ranks (the 4-node dev cluster has no room for a 4-node
+job without node3) whose launchers do not act on advice, and fake ranks under plain srun (and
+over a fake Slurm, rule by rule: test_advice.py)."""
 
 from __future__ import annotations
 
@@ -104,6 +106,66 @@ def test_an_elastic_job_leaves_the_slow_node_without_a_requeue(
         f"advice to the first step on 3 nodes: {gap:.1f} s; onset to a healthy step: {healthy} s"
     )
     assert gap <= RECOVERY_BOUND_S, seen()
+
+
+@pytest.mark.alone  # a real training job of six ranks
+def test_an_elastic_job_that_ignores_the_advice_is_requeued_at_its_deadline(
+    cluster: DevCluster, tmp_path: Path
+) -> None:
+    """The elastic job of the test above, its launchers not under `leave-on-advice`, 3 nodes
+    of 2 ranks: advised to leave node3, it does not, and at the advice's deadline it is
+    requeued without node3 as under ``recovery = "requeue"``, resumes from its checkpoint
+    on node1, node2 and node4 and completes (Restarts=1); the advice is withdrawn."""
+    lines: list[str] = []
+
+    def seen() -> str:
+        log = tmp_path / "run" / "service.log"
+        service = log.read_text().splitlines() if log.exists() else []
+        keep = [x for x in service if "service.cycle" not in x]
+        return "\n".join([*lines[-30:], *keep[-40:]])
+
+    deadline_s = 15
+    policies = copy_policies(tmp_path / "policies")
+    evict = policies / "evict.toml"
+    evict.write_text(
+        evict.read_text().replace("[actions]\n", f"[actions]\nadvice_deadline_s = {deadline_s}\n")
+    )
+    try:
+        run = run_scenario(
+            Settings(),
+            cluster,
+            tmp_path / "run",
+            policy="evict",
+            steps=200,
+            slow_at=60,
+            quota_pct=10,
+            redis_db=12,
+            say=lines.append,
+            timeout_s=600,
+            script=REPO / "examples" / "elastic_train.sbatch",
+            submit_args=["--straggler-recovery=advice", "--nodes=3"],
+            job_env={"NPROC_PER_NODE": "2", "LEAVE_ON_ADVICE": "0"},
+            policy_dir=policies,
+        )
+    except DevClusterError as exc:
+        pytest.fail(f"{exc}\n{seen()}")
+    assert run.job.get("JobState") == "COMPLETED", seen()
+    assert run.job.get("Restarts") == "1", seen()
+    assert run.job.get("ExcNodeList") == "node3", seen()
+    summary = summarize(run)
+    assert "node3" not in summary["final_nodes"], seen()
+    assert summary["resumed_from_step"] is not None, seen()
+    assert summary["resumed_from_step"] > 0, seen()
+    acted = [d for d in run.decisions if d.get("action") in {"advise", "evict"}]
+    assert len(acted) == 1, seen()
+    (decision,) = acted
+    assert (decision["action"], decision["after"]) == ("evict", "advice deadline"), seen()
+    assert decision["state"] == "verified", seen()
+    assert json.loads(decision["nodes"]) == ["node3"]
+    # Requeued at the deadline, not before it.
+    assert float(decision["held_ts"]) - float(decision["advice_deadline_ts"]) > -1.5, decision
+    url = cluster.redis_url.rsplit("/", 1)[0] + "/12"
+    assert advice.read(connect(url, decode=True), run.job_id) is None
 
 
 def _recovery_s(records: list[StepRecord], advised_ts: float) -> float:
