@@ -5,13 +5,12 @@ nodes, 3 of them enough (``torchrun --nnodes 3:4``, each node's launcher under
 launcher stops, the other three re-form and resume from the last checkpoint, and the job
 completes with no Slurm requeue. Advice not acted on is requeued at its deadline, as today:
 the same elastic job on 3 nodes of 2 ranks (the 4-node dev cluster has no room for a 4-node
-job without node3) whose launchers do not act on advice, and fake ranks under plain srun (and
-over a fake Slurm, rule by rule: test_advice.py)."""
+job without node3) whose launchers do not act on advice (and over a fake Slurm, rule by
+rule: test_advice.py)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,8 +23,7 @@ from slurm_plugin.model.records import StepRecord
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.store import advice
 from slurm_plugin.store.telemetry_store import connect
-from tests.integration.conftest import Slurm, copy_policies, wait_for
-from tests.integration.test_service import _submit
+from tests.integration.conftest import copy_policies
 
 pytest.importorskip("torch", reason="the torch extra is installed by `make install`")
 
@@ -175,52 +173,3 @@ def _recovery_s(records: list[StepRecord], advised_ts: float) -> float:
     last = max((r.ts for r in records if r.node == "node3"), default=advised_ts)
     first = min((r.ts for r in records if r.node != "node3" and r.ts > last + 1.0), default=None)
     return float("inf") if first is None else first - advised_ts
-
-
-def test_advice_not_acted_on_is_a_requeue_at_its_deadline(
-    slurm: Slurm,
-    job_dir: Path,
-    state: ServiceState,
-    service: subprocess.Popen[bytes],
-    env: dict[str, str],
-) -> None:
-    """The same advice to a job whose launcher cannot act on it (fake ranks under plain
-    srun): nothing is requeued before the policy's deadline; then the job is requeued
-    without node3 as today (Restarts=1, ExcNodeList=node3), the decision that advised it
-    now an eviction ``after`` ``advice deadline``, its advice withdrawn."""
-    policies = Path(env["STRAGGLER_SERVICE_POLICY_DIR"])
-    shipped = (policies / "evict.toml").read_text()
-    deadline_s = 15
-    (policies / "evict-advice.toml").write_text(
-        shipped.replace(
-            "[actions]\n",
-            f'[actions]\nrecovery = "advice"\nadvice_deadline_s = {deadline_s}\n',
-        )
-    )
-    job = _submit(slurm, job_dir, "evict-advice")
-    slurm.wait_job(job, "RUNNING")
-
-    def advised() -> dict[str, str] | None:
-        found = [d for d in state.job_decisions(job) if d.get("action") == "advise"]
-        return found[0] if found else None
-
-    wait_for(lambda: advised() is not None, 120, "the service to advise the job")
-    given = advised()
-    assert given is not None
-    advice_read = advice.read(state.client, job)
-    assert advice_read is not None
-    assert advice_read.leave == ["node3"]
-    assert slurm.job(job)["Restarts"] == "0"
-
-    def requeued() -> bool:
-        record = slurm.job(job)
-        return record["Restarts"] == "1" and record["JobState"] == "RUNNING"
-
-    wait_for(requeued, 120, "the job requeued at the advice's deadline")
-    record = slurm.job(job)
-    assert record["ExcNodeList"] == "node3"
-    (decision,) = [d for d in state.job_decisions(job) if d["id"] == given["id"]]
-    assert (decision["action"], decision["after"]) == ("evict", "advice deadline"), decision
-    held = float(decision["held_ts"])
-    assert held - float(given["advice_deadline_ts"]) > -1.5, (held, given)
-    assert advice.read(state.client, job) is None
