@@ -3,8 +3,13 @@
 A node becomes a *persistent straggler* after ``incidents`` compute incidents within
 ``window_s`` that come from at least ``distinct_jobs`` (>= 2) different jobs, so one job's
 telemetry can never mark a node on its own. It is forgiven (history cleared) after
-``forgive_after_s`` without an incident. Input-bound incidents (slow data) never count: they say
-nothing about the node.
+``forgive_after_s`` without an incident. Input-bound incidents (slow data) never count: they
+say nothing about the node. The window (14 days) is as long as the quiet time that forgives a
+node: a bad node's jobs can be more than a week apart (on the month benchmark, 9 of the 14
+bad nodes left unmarked under 7 days were marked under 14, and no healthy one). What an
+incident in another job does to the next job's decisions (believed sooner, never that job's
+structure) lasts ``recent_s`` (7 days): the same 14 days for both made healthy nodes of
+structured jobs evicted on the month benchmark.
 
 An incident is a confirmed, sustained slowdown: one that has lasted ``sustained_s`` when it is
 reported, counted once however often it is reported (its episode: the job and when it began).
@@ -32,7 +37,11 @@ class HistoryParams:
 
     incidents: int = 2
     distinct_jobs: int = 2
-    window_s: float = 7 * 24 * 3600.0
+    window_s: float = 14 * 24 * 3600.0
+    #: An incident in another job makes a node's next slowdown believed sooner (the goodput
+    #: prior, ``repeat_s``) and never that job's structure for this long (the window when that
+    #: is shorter: an episode that passed ten days ago says little about today's slowdown).
+    recent_s: float = 7 * 24 * 3600.0
     half_life_s: float = 3 * 24 * 3600.0
     forgive_after_s: float = 14 * 24 * 3600.0
     #: Only nodes with at least one incident backed by hardware evidence (sidecar or prolog:
@@ -49,8 +58,8 @@ class HistoryParams:
             raise ValueError("distinct_jobs must be >= 2: one job alone never marks a node")
         if self.incidents < self.distinct_jobs:
             raise ValueError("incidents must be >= distinct_jobs")
-        if min(self.window_s, self.half_life_s, self.forgive_after_s) <= 0:
-            raise ValueError("window_s, half_life_s and forgive_after_s must be > 0")
+        if min(self.window_s, self.half_life_s, self.forgive_after_s, self.recent_s) <= 0:
+            raise ValueError("window_s, half_life_s, forgive_after_s and recent_s must be > 0")
         if self.sustained_s < 0:
             raise ValueError("sustained_s must be >= 0")
 
@@ -162,11 +171,11 @@ def is_incident(history: NodeHistory, incident: Incident, params: HistoryParams)
 
 def _needed_s(history: NodeHistory, incident: Incident, params: HistoryParams) -> float:
     """How long the slowdown must have lasted: ``repeat_s`` on a node another job saw slow in
-    an incident within the window, else ``sustained_s``."""
+    an incident within ``recent_s``, else ``sustained_s``."""
     seen = any(
         i.job_id != incident.job_id
         and i.cause == "compute"
-        and 0 <= incident.ts - i.ts <= params.window_s
+        and 0 <= incident.ts - i.ts <= params.recent_s
         for i in history.incidents
     )
     return min(params.repeat_s, params.sustained_s) if seen else params.sustained_s
@@ -185,13 +194,13 @@ def record_incident(
 
 
 def other_jobs(history: NodeHistory, job_id: str, now: float, params: HistoryParams) -> int:
-    """How many jobs other than ``job_id`` saw the node slow within the window: the node's
+    """How many jobs other than ``job_id`` saw the node slow within ``recent_s``: the node's
     past, as the goodput rule weighs it (a job's own reports never count twice)."""
     return len(
         {
             i.job_id
             for i in history.incidents
-            if i.job_id != job_id and i.cause == "compute" and 0 <= now - i.ts <= params.window_s
+            if i.job_id != job_id and i.cause == "compute" and 0 <= now - i.ts <= params.recent_s
         }
     )
 
@@ -199,7 +208,7 @@ def other_jobs(history: NodeHistory, job_id: str, now: float, params: HistoryPar
 def slow_elsewhere(
     histories: Iterable[NodeHistory], job_id: str, now: float, params: HistoryParams
 ) -> list[str]:
-    """The nodes that jobs other than ``job_id`` saw slow within the window: a job's
+    """The nodes that jobs other than ``job_id`` saw slow within ``recent_s``: a job's
     detector never takes an offset only they share for its structure (a node slow from the
     job's first step in every job it serves is a fault, not a pipeline stage)."""
     return [h.node for h in histories if other_jobs(h, job_id, now, params)]

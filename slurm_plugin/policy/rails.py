@@ -33,6 +33,14 @@ class PersistencePolicy(Strict):
     window_days: float = Field(
         _H.window_s / _DAY, gt=0, le=3650, description="Window for counting incidents, days."
     )
+    recent_days: float = Field(
+        _H.recent_s / _DAY,
+        gt=0,
+        le=3650,
+        description="How long an incident in another job makes a node's next slowdown believed "
+        "sooner (repeat_s, the goodput rule's prior) and never a job's structure, days (the "
+        "window when that is shorter: older incidents are forgotten).",
+    )
     half_life_days: float = Field(
         _H.half_life_s / _DAY, gt=0, le=3650, description="Decay half-life of incidents, days."
     )
@@ -85,6 +93,7 @@ class PersistencePolicy(Strict):
             incidents=self.incidents,
             distinct_jobs=self.distinct_jobs,
             window_s=self.window_days * _DAY,
+            recent_s=self.recent_days * _DAY,
             half_life_s=self.half_life_days * _DAY,
             forgive_after_s=self.forgive_after_days * _DAY,
             require_corroboration=self.require_corroboration,

@@ -30,7 +30,7 @@ def _request() -> hooks.HookRequest:
         250.0,
         "service",
         "ok",
-        ["2 incidents in 2 jobs within 7 days"],
+        ["2 incidents in 2 jobs within 14 days"],
         incidents,
     )
 
@@ -49,7 +49,7 @@ def test_a_request_reads_back_as_it_was_queued_and_its_payload_is_the_documented
         "ts": 250.0,
         "by": "service",
         "was": "ok",
-        "reasons": ["2 incidents in 2 jobs within 7 days"],
+        "reasons": ["2 incidents in 2 jobs within 14 days"],
         "incidents": [
             {
                 "job": "10.1",

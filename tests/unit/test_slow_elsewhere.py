@@ -53,13 +53,17 @@ def test_a_stage_shared_with_a_node_of_the_jobs_own_stays_a_stage() -> None:
 
 
 def test_slow_elsewhere_counts_other_jobs_within_the_window() -> None:
-    """A job's own incidents, and incidents older than the window, make no node suspect."""
+    """A job's own incidents, and incidents older than ``recent_s`` (7 days; still in the
+    persistence window of 14), make no node suspect: with the window for both, healthy nodes
+    of structured jobs were evicted on the month benchmark (a passing episode days earlier
+    made their stage's offset a fault)."""
     params = HistoryParams()
     now = 1_700_000_000.0
+    assert params.recent_s < params.window_s
     histories = [
         NodeHistory("a", (Incident("other", now - 3600.0),)),
         NodeHistory("b", (Incident("me", now - 60.0),)),
-        NodeHistory("c", (Incident("other", now - params.window_s - 1.0),)),
+        NodeHistory("c", (Incident("other", now - params.recent_s - 1.0),)),
         NodeHistory("d", (Incident("other", now - 60.0, cause="input"),)),
         NodeHistory("e"),
     ]
