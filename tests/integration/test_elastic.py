@@ -10,13 +10,14 @@ rule: test_advice.py)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
 import pytest
 
 from slurm_plugin.config import Settings
-from slurm_plugin.demo.run import REPO, run_scenario, summarize
+from slurm_plugin.demo.run import REPO, DemoRun, run_scenario, summarize
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.errors import DevClusterError
 from slurm_plugin.model.records import StepRecord
@@ -42,38 +43,64 @@ RECOVERY_BOUND_S = 90.0
 NOT_NOISE = ("--straggler-min-slowdown=30",)
 
 
+def _seen(work: Path, lines: list[str]) -> str:
+    """What a failure shows: the run's progress, the service's decisions, the job's output."""
+    log = work / "service.log"
+    service = log.read_text().splitlines() if log.exists() else []
+    output = work / "job.log"
+    job = output.read_text().splitlines() if output.exists() else []
+    keep = [x for x in service if "service.cycle" not in x]
+    return "\n".join([*lines[-30:], *keep[-40:], *job[-40:]])
+
+
+def _run(
+    cluster: DevCluster,
+    work: Path,
+    lines: list[str],
+    *,
+    steps: int,
+    redis_db: int,
+    policy_dir: Path,
+    submit_args: tuple[str, ...] = (),
+    job_env: dict[str, str] | None = None,
+) -> DemoRun:
+    """examples/elastic_train.sbatch under `--straggler-recovery=advice`, node3 slowed to a
+    tenth of a CPU at step 60."""
+    try:
+        return run_scenario(
+            Settings(),
+            cluster,
+            work,
+            policy="evict",
+            steps=steps,
+            slow_at=60,
+            quota_pct=10,
+            redis_db=redis_db,
+            say=lines.append,
+            timeout_s=600,
+            script=REPO / "examples" / "elastic_train.sbatch",
+            submit_args=["--straggler-recovery=advice", *submit_args, *NOT_NOISE],
+            job_env=job_env,
+            policy_dir=policy_dir,
+        )
+    except DevClusterError as exc:
+        pytest.fail(f"{exc}\n{_seen(work, lines)}")
+
+
 @pytest.mark.alone  # its recovery is timed against RECOVERY_BOUND_S
 def test_an_elastic_job_leaves_the_slow_node_without_a_requeue(
     cluster: DevCluster, tmp_path: Path
 ) -> None:
     lines: list[str] = []
-
-    def seen() -> str:
-        log = tmp_path / "run" / "service.log"
-        service = log.read_text().splitlines() if log.exists() else []
-        output = tmp_path / "run" / "job.log"
-        job = output.read_text().splitlines() if output.exists() else []
-        keep = [x for x in service if "service.cycle" not in x]
-        return "\n".join([*lines[-30:], *keep[-40:], *job[-40:]])
-
-    try:
-        run = run_scenario(
-            Settings(),
-            cluster,
-            tmp_path / "run",
-            policy="evict",
-            steps=300,  # ~80 steps to the recovery (the slowed ones take ~25 s), ~15 s after it
-            slow_at=60,
-            quota_pct=10,
-            redis_db=11,
-            say=lines.append,
-            timeout_s=600,
-            script=REPO / "examples" / "elastic_train.sbatch",
-            submit_args=["--straggler-recovery=advice", *NOT_NOISE],
-            policy_dir=copy_policies(tmp_path / "policies"),
-        )
-    except DevClusterError as exc:
-        pytest.fail(f"{exc}\n{seen()}")
+    seen = functools.partial(_seen, tmp_path / "run", lines)
+    run = _run(
+        cluster,
+        tmp_path / "run",
+        lines,
+        steps=300,  # ~80 steps to the recovery (the slowed ones take ~25 s), ~15 s after it
+        redis_db=11,
+        policy_dir=copy_policies(tmp_path / "policies"),
+    )
     assert run.job.get("JobState") == "COMPLETED", seen()
     assert run.job.get("Restarts") == "0", seen()
     advised = [d for d in run.decisions if d.get("action") in {"advise", "evict"}]
@@ -121,38 +148,23 @@ def test_an_elastic_job_that_ignores_the_advice_is_requeued_at_its_deadline(
     requeued without node3 as under ``recovery = "requeue"``, resumes from its checkpoint
     on node1, node2 and node4 and completes (Restarts=1); the advice is withdrawn."""
     lines: list[str] = []
-
-    def seen() -> str:
-        log = tmp_path / "run" / "service.log"
-        service = log.read_text().splitlines() if log.exists() else []
-        keep = [x for x in service if "service.cycle" not in x]
-        return "\n".join([*lines[-30:], *keep[-40:]])
-
+    seen = functools.partial(_seen, tmp_path / "run", lines)
     deadline_s = 15
     policies = copy_policies(tmp_path / "policies")
     evict = policies / "evict.toml"
     evict.write_text(
         evict.read_text().replace("[actions]\n", f"[actions]\nadvice_deadline_s = {deadline_s}\n")
     )
-    try:
-        run = run_scenario(
-            Settings(),
-            cluster,
-            tmp_path / "run",
-            policy="evict",
-            steps=200,
-            slow_at=60,
-            quota_pct=10,
-            redis_db=12,
-            say=lines.append,
-            timeout_s=600,
-            script=REPO / "examples" / "elastic_train.sbatch",
-            submit_args=["--straggler-recovery=advice", "--nodes=3", *NOT_NOISE],
-            job_env={"NPROC_PER_NODE": "2", "LEAVE_ON_ADVICE": "0"},
-            policy_dir=policies,
-        )
-    except DevClusterError as exc:
-        pytest.fail(f"{exc}\n{seen()}")
+    run = _run(
+        cluster,
+        tmp_path / "run",
+        lines,
+        steps=200,
+        redis_db=12,
+        policy_dir=policies,
+        submit_args=("--nodes=3",),
+        job_env={"NPROC_PER_NODE": "2", "LEAVE_ON_ADVICE": "0"},
+    )
     assert run.job.get("JobState") == "COMPLETED", seen()
     assert run.job.get("Restarts") == "1", seen()
     assert run.job.get("ExcNodeList") == "node3", seen()
