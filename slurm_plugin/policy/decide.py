@@ -30,7 +30,7 @@ class JobContext:
     #: The job's checkpoint period as its reported checkpoints show it (None: unknown).
     checkpoint_period_s: float | None = None
     waiting_since: float | None = None
-    #: Other jobs that saw the event's node slow within the persistence window (its past).
+    #: Other jobs that saw the event's node slow within ``recent_days`` (its past).
     node_incidents: int = 0
 
 

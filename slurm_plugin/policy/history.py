@@ -13,7 +13,7 @@ structured jobs evicted on the month benchmark.
 
 An incident is a confirmed, sustained slowdown: one that has lasted ``sustained_s`` when it is
 reported, counted once however often it is reported (its episode: the job and when it began).
-On a node another job saw slow in an incident within the window, ``repeat_s`` is enough (such
+On a node another job saw slow in an incident within ``recent_s``, ``repeat_s`` is enough (such
 a node is evicted within seconds of its next slowdown); it is ``sustained_s`` by default: a
 shorter one marked healthy nodes persistent on the month benchmark's held-out noise model.
 A burst that passes, or a report seconds into a slowdown, is never one, unless the job was
@@ -49,7 +49,7 @@ class HistoryParams:
     require_corroboration: bool = False
     #: A slowdown becomes an incident once it has lasted this long...
     sustained_s: float = 300.0
-    #: ... or this long on a node another job saw slow in an incident within the window (the
+    #: ... or this long on a node another job saw slow in an incident within ``recent_s`` (the
     #: same by default: 60 s marked healthy nodes under the held-out noise model).
     repeat_s: float = 300.0
 

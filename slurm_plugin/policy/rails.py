@@ -70,9 +70,9 @@ class PersistencePolicy(Strict):
         _H.repeat_s,
         ge=0,
         le=7 * 86400,
-        description="...or this long on a node another job saw slow in an incident within the "
-        "window (such a node is evicted within seconds of its next slowdown, which would never "
-        "last sustained_s).",
+        description="...or this long on a node another job saw slow in an incident within "
+        "recent_days (such a node is evicted within seconds of its next slowdown, which would "
+        "never last sustained_s).",
     )
 
     @model_validator(mode="after")

@@ -177,7 +177,7 @@ class ActionPolicy(Strict):
         lt=1,
         description="Chance that a new slowdown on a node no other job saw slow lasts for the "
         "rest of the job (a fault, not a burst). Every other job that saw the node slow within "
-        "the persistence window raises it.",
+        "the service's [persistence] recent_days raises it.",
     )
     min_lasting_p: float = Field(
         0.6,

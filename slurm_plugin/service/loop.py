@@ -486,7 +486,7 @@ class Service:
             detector.forget(job_id)
 
     def _node_incidents(self, node: str, job: JobInfo, now: float) -> int:
-        """Other jobs that saw ``node`` slow within the persistence window (the goodput
+        """Other jobs that saw ``node`` slow within ``recent_days`` (the goodput
         rule's prior that a slowdown there is a fault)."""
         params = self.rails.persistence.params()
         return other_jobs(self.state.node_history(node), self._identities.token(job), now, params)
