@@ -24,7 +24,7 @@ from slurm_plugin.model.records import StepRecord
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.store import advice
 from slurm_plugin.store.telemetry_store import connect
-from tests.integration.conftest import copy_policies
+from tests.integration.conftest import NOT_NOISE, copy_policies
 
 pytest.importorskip("torch", reason="the torch extra is installed by `make install`")
 
@@ -35,12 +35,6 @@ pytestmark = pytest.mark.cluster
 #: rendezvous (last call 2 s, heartbeats 1 s), the workers' start and checkpoint load;
 #: measured ~20-30 s here (2 cores shared by 4 nodes), documented in the README.
 RECOVERY_BOUND_S = 90.0
-
-#: The job's own minimum slowdown (its SPANK option): the tests' policies take every flag for
-#: a fault (``FAULT_PRIOR``), so a rank of another node lagging ~8 % for a second on these
-#: shared cores was once advised away before node3's onset; node3 at a tenth of a CPU is
-#: several times slower, far over it.
-NOT_NOISE = ("--straggler-min-slowdown=30",)
 
 
 def _seen(work: Path, lines: list[str]) -> str:
