@@ -172,12 +172,7 @@ def is_incident(history: NodeHistory, incident: Incident, params: HistoryParams)
 def _needed_s(history: NodeHistory, incident: Incident, params: HistoryParams) -> float:
     """How long the slowdown must have lasted: ``repeat_s`` on a node another job saw slow in
     an incident within ``recent_s``, else ``sustained_s``."""
-    seen = any(
-        i.job_id != incident.job_id
-        and i.cause == "compute"
-        and 0 <= incident.ts - i.ts <= params.recent_s
-        for i in history.incidents
-    )
+    seen = other_jobs(history, incident.job_id, incident.ts, params) > 0
     return min(params.repeat_s, params.sustained_s) if seen else params.sustained_s
 
 

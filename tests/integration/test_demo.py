@@ -36,11 +36,8 @@ def _listening_from(run: DemoRun) -> int:
     at when that report's re-arm period ended (the detector reports a node again only after
     ``rearm_s``; documented, and measured on the months in benchmarks/README.md)."""
     assert run.onset_step is not None
-    early = [
-        decision_record.read(d)
-        for d in run.decisions
-        if d.get("node") == SLOW_NODE and (decision_record.read(d).step or 0) < run.onset_step
-    ]
+    on_node = [decision_record.read(d) for d in run.decisions if d.get("node") == SLOW_NODE]
+    early = [r for r in on_node if (r.step or 0) < run.onset_step]
     heard = [r.detected_ts for r in early if r.detected_ts is not None]
     if not heard:
         return run.onset_step
