@@ -49,6 +49,9 @@ REQUIRED_PROGRAMS = (
 )
 #: slurm.conf's ClusterName (contrib/devcluster/slurm.conf.in).
 CLUSTER_NAME = "stgdev"
+#: How far apart the ports of two dev clusters side by side (lanes) are: lane k adds k times
+#: this to every port (nodes 1..9 take the ports 17001..17009 in lane 0).
+LANE_PORT_STEP = 10
 
 
 def default_template_dir() -> Path:
@@ -64,6 +67,7 @@ class DevCluster:
         base: Path,
         *,
         nodes: int = 4,
+        lane: int = 0,
         redis_port: int = 16379,
         slurmctld_port: int = 16817,
         slurmdbd_port: int = 16819,
@@ -74,10 +78,15 @@ class DevCluster:
     ) -> None:
         if not 1 <= nodes <= 9:
             raise DevClusterError(f"nodes must be 1..9 (ports 17001..17009), not {nodes}")
+        if not 0 <= lane <= 9:
+            raise DevClusterError(f"lane must be 0..9, not {lane}")
+        offset = LANE_PORT_STEP * lane
         self.base = base.resolve()
+        self.lane = lane
         self.node_names = [f"node{i}" for i in range(1, nodes + 1)]
-        self.redis_port = redis_port
-        self.slurmctld_port = slurmctld_port
+        self.node_port_base = 17000 + offset
+        self.redis_port = redis_port + offset
+        self.slurmctld_port = slurmctld_port + offset
         self.template_dir = template_dir or default_template_dir()
         self.hosts_file = hosts_file
         self.timeout_s = command_timeout_s
@@ -85,8 +94,8 @@ class DevCluster:
             self.base,
             cluster_name=CLUSTER_NAME,
             munge_socket=self._munge_socket(),
-            dbd_port=slurmdbd_port,
-            mysql_port=mysql_port,
+            dbd_port=slurmdbd_port + offset,
+            mysql_port=mysql_port + offset,
             env=lambda: {"SLURM_CONF": str(self.slurm_conf)},
             timeout_s=command_timeout_s,
         )
@@ -94,10 +103,14 @@ class DevCluster:
     @classmethod
     def from_settings(cls, settings: Settings, **kwargs: object) -> DevCluster:
         """A cluster where ``STRAGGLER_DEVCLUSTER_*`` puts it, with the settings' Slurm
-        command timeout."""
+        command timeout. A lane other than 0 lives beside the directory (``DIR-laneK``) and
+        takes its ports ``K * LANE_PORT_STEP`` higher: two clusters side by side (the test
+        tiers run half of the cluster tests on each)."""
         dev = DevSettings()
+        base = dev.dir if dev.lane == 0 else dev.dir.with_name(f"{dev.dir.name}-lane{dev.lane}")
         return cls(
-            dev.dir,
+            base,
+            lane=dev.lane,
             redis_port=dev.redis_port,
             slurmctld_port=dev.slurmctld_port,
             command_timeout_s=settings.slurm.command_timeout_s,
@@ -226,9 +239,11 @@ class DevCluster:
             path.chmod(0o755)  # munged insists that everyone may traverse its socket directory
 
     def _write_hosts(self) -> None:
-        block = procs.hosts_block({n: f"127.0.1.{i}" for i, n in enumerate(self.node_names, 1)})
+        block = procs.hosts_block(
+            {n: f"127.0.1.{i}" for i, n in enumerate(self.node_names, 1)}, self.lane
+        )
         text = self.hosts_file.read_text()
-        new = procs.strip_hosts_block(text)
+        new = procs.strip_hosts_block(text, self.lane)
         new = (new if new.endswith("\n") or not new else new + "\n") + block
         if new != text:
             procs.write_in_place(self.hosts_file, new)
@@ -247,7 +262,7 @@ class DevCluster:
     ) -> bool:
         """Write every config file; True when slurm.conf or plugstack.conf changed."""
         nodes = "\n".join(
-            f"NodeName={n} NodeHostname={n} NodeAddr=127.0.1.{i} Port={17000 + i} "
+            f"NodeName={n} NodeHostname={n} NodeAddr=127.0.1.{i} Port={self.node_port_base + i} "
             "CPUs=2 RealMemory=1000 State=UNKNOWN"
             for i, n in enumerate(self.node_names, 1)
         )
@@ -476,7 +491,7 @@ class DevCluster:
                 procs.terminate([pid] if pid else [])
                 stopped.append(daemon)
         text = self.hosts_file.read_text()
-        if (stripped := procs.strip_hosts_block(text)) != text:
+        if (stripped := procs.strip_hosts_block(text, self.lane)) != text:
             procs.write_in_place(self.hosts_file, stripped)
         if not keep_state and self.base.exists():
             shutil.rmtree(self.base)

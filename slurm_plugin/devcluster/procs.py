@@ -17,6 +17,14 @@ HOSTS_BEGIN = "# BEGIN slurm-straggler devcluster (managed; removed by `straggle
 HOSTS_END = "# END slurm-straggler devcluster"
 
 
+def hosts_markers(lane: int = 0) -> tuple[str, str]:
+    """The lines around the hosts block of the dev cluster of ``lane`` (one block each: a
+    cluster going down leaves another lane's names resolving)."""
+    if lane == 0:
+        return HOSTS_BEGIN, HOSTS_END
+    return f"{HOSTS_BEGIN[:-1]}, lane {lane})", f"{HOSTS_END} (lane {lane})"
+
+
 def read_pid(path: Path) -> int | None:
     """The pid in a pid file, or None when the file is missing or garbled."""
     try:
@@ -75,21 +83,24 @@ def terminate(pids: Iterable[int], *, timeout_s: float = 10.0) -> list[int]:
     return pending
 
 
-def hosts_block(entries: dict[str, str]) -> str:
-    """The marked /etc/hosts block for ``{hostname: address}``."""
-    lines = [HOSTS_BEGIN, *(f"{addr} {name}" for name, addr in entries.items()), HOSTS_END]
+def hosts_block(entries: dict[str, str], lane: int = 0) -> str:
+    """The marked /etc/hosts block of ``lane``'s cluster for ``{hostname: address}``."""
+    begin, end = hosts_markers(lane)
+    lines = [begin, *(f"{addr} {name}" for name, addr in entries.items()), end]
     return "\n".join(lines) + "\n"
 
 
-def strip_hosts_block(text: str) -> str:
-    """``text`` without our marked block (any number of them); other lines stay untouched."""
+def strip_hosts_block(text: str, lane: int = 0) -> str:
+    """``text`` without ``lane``'s marked block (any number of them); other lines, other
+    lanes' blocks included, stay untouched."""
+    begin, end = hosts_markers(lane)
     kept: list[str] = []
     inside = False
     for line in text.splitlines(keepends=True):
         stripped = line.rstrip("\n")
-        if stripped == HOSTS_BEGIN:
+        if stripped == begin:
             inside = True
-        elif stripped == HOSTS_END and inside:
+        elif stripped == end and inside:
             inside = False
         elif not inside:
             kept.append(line)

@@ -29,3 +29,10 @@ class DevSettings(BaseSettings):
     slurmctld_port: int = Field(
         default=16817, ge=1, le=65535, description="Port of the development cluster's slurmctld."
     )
+    lane: int = Field(
+        default=0,
+        ge=0,
+        le=9,
+        description="Which of several dev clusters side by side: lane K lives in DIR-laneK and "
+        "takes every port 10 x K higher (the test tiers split the cluster tests over two).",
+    )

@@ -27,6 +27,26 @@ from slurm_plugin.slurm.release import TESTED
 from slurm_plugin.slurm.runner import CommandResult, run_command
 from slurm_plugin.store.telemetry_store import ping
 
+#: Set by contrib/test/tiers when it runs the cluster tests on this many dev clusters side by
+#: side (pytest-xdist, a file's tests on one worker): worker K uses the cluster of lane K.
+LANES_ENV = "STRAGGLER_TEST_CLUSTER_LANES"
+
+
+def _take_lane() -> None:
+    """This xdist worker's dev cluster (``STRAGGLER_DEVCLUSTER_LANE``, which the services,
+    jobs and commands the tests start inherit); lane 0 without lanes or outside xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    lanes = os.environ.get(LANES_ENV, "")
+    if worker.startswith("gw") and worker[2:].isdigit() and lanes.isdigit() and int(lanes) > 1:
+        os.environ["STRAGGLER_DEVCLUSTER_LANE"] = str(int(worker[2:]) % int(lanes))
+        # A SLURM_CONF or STRAGGLER_REDIS_URL exported for lane 0 would win over the cluster's.
+        inherited = {"SLURM_CONF", "STRAGGLER_REDIS_URL"} & set(os.environ)
+        lane_env = DevCluster.from_settings(load_settings()).env()
+        os.environ.update({k: v for k, v in lane_env.items() if k in inherited})
+
+
+_take_lane()
+
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     """Poll ``predicate`` until it is true; fail the test naming ``what`` after ``timeout_s``."""

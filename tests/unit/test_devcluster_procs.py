@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_plugin.config import Settings
 from slurm_plugin.devcluster import DevCluster, procs
 from slurm_plugin.errors import DevClusterError
 
@@ -50,6 +51,37 @@ def test_hosts_block_round_trip(tmp_path: Path) -> None:
     procs.write_in_place(hosts, procs.strip_hosts_block(hosts.read_text()))
     assert hosts.read_text() == original
     assert hosts.stat().st_ino == inode
+
+
+def test_each_lanes_hosts_block_goes_with_its_own_cluster() -> None:
+    """Two dev clusters side by side name the same nodes: each keeps a block of its own, so
+    the one going down first leaves the other's names resolving."""
+    entries = {"node1": "127.0.1.1"}
+    original = "127.0.0.1 localhost\n"
+    both = original + procs.hosts_block(entries) + procs.hosts_block(entries, lane=1)
+    assert procs.strip_hosts_block(both, lane=1) == original + procs.hosts_block(entries)
+    assert procs.strip_hosts_block(both) == original + procs.hosts_block(entries, lane=1)
+    assert procs.strip_hosts_block(procs.strip_hosts_block(both), lane=1) == original
+
+
+def test_a_lane_takes_its_own_directory_and_ports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lane 1 of the settings: the directory beside lane 0's, every port 10 higher."""
+    monkeypatch.setenv("STRAGGLER_DEVCLUSTER_DIR", str(tmp_path / "dc"))
+    zero = DevCluster.from_settings(Settings())
+    monkeypatch.setenv("STRAGGLER_DEVCLUSTER_LANE", "1")
+    one = DevCluster.from_settings(Settings())
+    assert (zero.base, one.base) == (tmp_path / "dc", tmp_path / "dc-lane1")
+    ports = [
+        (c.redis_port, c.slurmctld_port, c.accounting.dbd_port, c.accounting.mysql_port)
+        for c in (zero, one)
+    ]
+    assert ports == [(16379, 16817, 16819, 16306), (16389, 16827, 16829, 16316)]
+    assert (zero.node_port_base, one.node_port_base) == (17000, 17010)
+    assert one.env()["STRAGGLER_REDIS_URL"] == "redis://127.0.0.1:16389/0"
+    with pytest.raises(DevClusterError, match="lane must be"):
+        DevCluster(tmp_path, lane=10)
 
 
 def test_terminate_stops_a_process() -> None:
