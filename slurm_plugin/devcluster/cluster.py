@@ -60,7 +60,9 @@ def default_template_dir() -> Path:
 
 
 class DevCluster:
-    """A local development cluster rooted at ``base``."""
+    """A local development cluster rooted at ``base``. Lane K (0..9) takes every port given
+    here ``K * LANE_PORT_STEP`` higher, its nodes' too, and a hosts block of its own: two
+    clusters side by side (:meth:`from_settings` also puts it in a directory of its own)."""
 
     def __init__(
         self,
@@ -77,7 +79,7 @@ class DevCluster:
         command_timeout_s: float = 15.0,
     ) -> None:
         if not 1 <= nodes <= 9:
-            raise DevClusterError(f"nodes must be 1..9 (ports 17001..17009), not {nodes}")
+            raise DevClusterError(f"nodes must be 1..9 (ports 17001..17009 in lane 0), not {nodes}")
         if not 0 <= lane <= 9:
             raise DevClusterError(f"lane must be 0..9, not {lane}")
         offset = LANE_PORT_STEP * lane
