@@ -103,20 +103,28 @@ test-packages:
 	fi
 
 # The same tests on every Slurm release of RELEASES, each in a minimal Debian chroot with its own
-# namespaces (contrib/releases/test-release; chroots cached in /var/cache). Leaves the host's
-# cluster, ports and /etc/hosts alone. Runs every release, then fails if any failed.
+# namespaces (contrib/releases/test-release; chroots cached in /var/cache), the releases side by
+# side (they wait on Slurm more than they compute); each one's output is shown whole when all are
+# done. Leaves the host's cluster, ports and /etc/hosts alone. Fails if any release failed.
 test-releases:
 	@command -v debootstrap >/dev/null 2>&1 && command -v ip >/dev/null 2>&1 || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends debootstrap debian-archive-keyring iproute2; }
-	@failed=""; \
+	@logs=$$(mktemp -d); started=$$(date +%s); running=""; failed=""; \
 	for r in $(RELEASES); do \
 	  if [ "$${r##*:}" = "$(HOST_SERIES)" ]; then \
 	    echo "test-releases: Slurm $${r##*:} is this host's; make test ran every test on it"; \
 	    continue; fi; \
 	  contrib/releases/test-release "$${r%%:*}" "$${r##*:}" -q --durations=5 $(RELEASE_TESTS) \
-	    || failed="$$failed $$r"; \
+	    >"$$logs/$${r%%:*}" 2>&1 & \
+	  running="$$running $$!:$$r"; \
 	done; \
+	for job in $$running; do \
+	  r=$${job#*:}; wait "$${job%%:*}" || failed="$$failed $$r"; \
+	  echo "---------------- Slurm $${r##*:} ($${r%%:*}) ----------------"; cat "$$logs/$${r%%:*}"; \
+	done; \
+	rm -rf "$$logs"; \
+	echo "test-releases: every release in $$(($$(date +%s) - started)) s"; \
 	if [ -n "$$failed" ]; then echo "test-releases: failed on$$failed" >&2; exit 1; fi
 
 # The demo: a real DDP job on the local cluster, node3 slowed down for real, detected and the
