@@ -185,6 +185,9 @@ class FakeScheduler:
     def release(self, job_id: str) -> None:
         self._call("release", job_id)
         job = self._get(job_id)
+        if job.state == "COMPLETING" and job.hold_landed:  # the hold lifts; the end goes on
+            self.job_table[job_id] = replace(job, reason="None", priority=1)
+            return
         if not job.held:
             return
         free = [

@@ -56,8 +56,18 @@ class JobInfo:
     def held(self) -> bool:
         """Held by a user or admin (``requeuehold`` leaves it so: priority 0, and a reason of
         JobHeldUser in squeue or job_requeued_in_held_state in scontrol)."""
-        held = self.priority == 0 or self.reason in OTHERS_HOLDS or self.reason == REQUEUE_HELD
-        return self.state == "PENDING" and held
+        return self.state == "PENDING" and self._hold_set
+
+    @property
+    def hold_landed(self) -> bool:
+        """Held, or held once its processes have ended: right after ``requeuehold`` Slurm shows
+        the job COMPLETING with its hold set (priority 0) and the restart counted, and a
+        slurmctld restarted then shows it so for as long as the nodes take to report."""
+        return self.state in {"PENDING", "COMPLETING"} and self._hold_set
+
+    @property
+    def _hold_set(self) -> bool:
+        return self.priority == 0 or self.reason in OTHERS_HOLDS or self.reason == REQUEUE_HELD
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,7 @@ class Executor:
             now = self.slurm.job(job.job_id)
         except SlurmError:
             now = None
-        if now is not None and now.held and now.restarts > job.restarts:
+        if now is not None and now.hold_landed and now.restarts > job.restarts:
             held_at = self.clock()
             self.state.save_decision(
                 decision_id,
@@ -190,14 +190,14 @@ class Executor:
                 # What we did, as Slurm shows it: requeued, the node excluded, not held. A job
                 # still pending after that (Slurm's requeue delay, a busy partition: 83 s under
                 # load) is no failure of ours.
-                other = self._held_by_another(job_id) if job.held else None
+                other = self._held_by_another(job_id) if job.hold_landed else None
                 ok = (
                     set(node) <= set(job.excluded)
                     and job.restarts > restarts_before
-                    and (not job.held or other is not None)
+                    and (not job.hold_landed or other is not None)
                     and not set(node) & set(job.nodes)
                 )
-                if job.held and other is None:  # our release did not take (or came early)
+                if job.hold_landed and other is None:  # our release did not take, came early
                     self.slurm.release(job_id)
                 detail = (
                     f"state={job.state} restarts={job.restarts} "
@@ -261,7 +261,9 @@ class Executor:
         if self._abandoned_as_another_job(rec, job):
             return True
         now = self.clock()
-        if state == "planned" and not (job.held and job.restarts > before):
+        # A job still completing into our hold counts as held: its requeue landed (Slurm shows
+        # it so for seconds after a slurmctld restart that caught it mid-way).
+        if state == "planned" and not (job.hold_landed and job.restarts > before):
             # An scontrol started before a crash or timeout may still land: wait a while.
             if now - (rec.planned_at or now) < self.unknown_grace_s:
                 return False

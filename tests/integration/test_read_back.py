@@ -196,6 +196,41 @@ def test_an_eviction_given_up_whose_requeue_landed_late_is_released(
     assert executor.release_orphans([job]) == []
 
 
+def test_a_planned_eviction_whose_job_completes_into_our_hold_is_finished(
+    setup: tuple[Executor, Flaky, ServiceState, FakeClock],
+) -> None:
+    """Repro (CI, the controller restarted right after our requeuehold): past the grace the
+    job read COMPLETING with our hold set and its restart counted, was taken for "requeuehold
+    never happened" and the decision given up; a second later it read held, and the hold was
+    released as one that landed late: the job ran again on node3. A job completing into our
+    hold is held: the eviction goes on (node3 excluded, released, verified)."""
+    executor, slurm, state, clock = setup
+    mark = "straggler: compute node3 +40.0% evict [d-00000000abce@aaaa]"
+    state.save_decision(
+        "d-00000000abce",
+        {
+            "state": "planned",
+            "action": "evict",
+            "job_id": "43",
+            "node": "node3",
+            "nodes": ["node3"],
+            "restarts_before": "0",
+            "planned_at": f"{clock() - 2 * GRACE:.3f}",
+        },
+    )
+    completing = replace(_held(clock, "43", mark), state="COMPLETING", reason="JobHeldUser")
+    assert completing.hold_landed
+    assert not completing.held
+    slurm.job_table["43"] = completing
+    executor.recover()
+    decision = state.decision("d-00000000abce")
+    assert decision["state"] == "verified", decision
+    assert "landed_late" not in decision
+    assert slurm.job_table["43"].excluded == ("node3",)
+    assert not slurm.job_table["43"].hold_landed
+    assert executor.release_orphans(list(slurm.job_table.values())) == []
+
+
 def test_a_waiting_decision_closes_when_its_job_ends(make_loop: Callable[..., Loop]) -> None:
     """Repro: a waiting decision never closed when its job ended."""
     clock = FakeClock()
