@@ -525,12 +525,12 @@ def test_a_job_picks_only_allowed_policies(make_loop: Callable[..., Loop]) -> No
 
 
 def test_quiet_nodes_heal_with_time(make_loop: Callable[..., Loop]) -> None:
-    """Issue 13 item 6: a node with no incident for forgive_after_days (14) is healthy again
+    """Issue 13 item 6: a node with no incident for forgive_after_days (30) is healthy again
     without any new incident (the audit says so); the refusal of a node we drained stays
     until an admin forgives it."""
     clock = FakeClock()
     loop = make_loop(FakeScheduler([], NODES), clock, "a")
-    old = clock() - 15 * 86400
+    old = clock() - 31 * 86400
     incidents = tuple(Incident(str(j), old, 40.0) for j in range(3))
     for name in ("node3", "node4"):
         loop.state.save_node_history(

@@ -162,7 +162,7 @@ def test_a_bad_node_slow_in_two_jobs_is_marked_and_a_burst_never() -> None:
 def test_a_bad_node_slow_in_two_jobs_ten_days_apart_is_marked() -> None:
     """Class 5 of the full-scale month, the window: a bad node's two jobs ten days apart (its
     sustained slowdowns 10 and 15 minutes). Under a 7-day window it stayed suspect (9 of the 14
-    bad nodes the month benchmark left unmarked); the shipped 14 days mark it. The older
+    bad nodes the month benchmark left unmarked); the shipped window marks it. The older
     incident no longer makes the node's next slowdown believed sooner (``recent_s``, 7 days):
     the second needs ``sustained_s`` as a first would."""
     first = Incident("1", 1000.0, 40.0, since_ts=100.0, lasted_s=900.0)
@@ -170,13 +170,32 @@ def test_a_bad_node_slow_in_two_jobs_ten_days_apart_is_marked() -> None:
     seven = PersistencePolicy(window_days=7).params()
     assert _feed([first, later], seven).state == "suspect"
     shipped = PersistencePolicy().params()
-    assert shipped.window_s == 14 * DAY
+    assert shipped.window_s == shipped.forgive_after_s == 30 * DAY
     assert _feed([first, later], shipped).state == "persistent"
     # repeat_s (a site's shorter bar for a node seen slow elsewhere) reaches back recent_s only.
     quick = replace(later, ts=10 * DAY + 90.0, lasted_s=90.0)
     eager = replace(shipped, repeat_s=60.0)
     assert _feed([first, quick], eager).state == "suspect"
     assert _feed([first, replace(quick, ts=5 * DAY + 90.0)], eager).state == "persistent"
+
+
+def test_a_bad_node_evicted_from_two_jobs_nineteen_days_apart_is_marked() -> None:
+    """The month benchmark's gauss seed 0 (n1665): evicted from a job on day 0 and from
+    another on day 19 (its jobs in between could not tell it: a 4,096-GPU job where its +15 %
+    never stood out, a one-node job with no peer). A 14-day window and forgiveness forgot the
+    first eviction; the shipped 30 days mark it, and 30 quiet days still forgive it."""
+    first = Incident("1", 600.0, 40.0, since_ts=100.0, lasted_s=500.0, evicted=True)
+    later = Incident("2", 19.1 * DAY, 15.0, since_ts=19.1 * DAY - 200.0, lasted_s=200.0)
+    later = replace(later, evicted=True)
+    fourteen = PersistencePolicy(window_days=14, forgive_after_days=14).params()
+    assert _feed([first, later], fourteen).state == "suspect"
+    shipped = PersistencePolicy().params()
+    marked = _feed([first, later], shipped)
+    assert marked.state == "persistent"
+    assert evaluate(marked, 19.1 * DAY + 29 * DAY, shipped).history.state == "persistent"
+    healed = evaluate(marked, 19.1 * DAY + 30 * DAY + 1.0, shipped)
+    assert healed.forgiven
+    assert healed.history.state == "ok"
 
 
 def test_recent_days_is_read_from_the_settings_and_bounded() -> None:
