@@ -24,7 +24,7 @@ from benchmarks._common import machine, table
 from slurm_plugin.backtest import run_backtest
 from slurm_plugin.policy.loader import load_policy
 from tests.scenarios.cluster import NOISE_MODELS, cluster_month
-from tests.scenarios.scoring import Score, never_lost, oracle, score
+from tests.scenarios.scoring import Score, never_lost, oracle, score, unmarked_why
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -127,6 +127,8 @@ def main() -> None:
                 ):
                     for item in items:
                         print(f"  {what}: {item}")
+                for node in scored.bad_unmarked:
+                    print(f"    {node}: {unmarked_why(month, node, result.to_dict())}")
         rows.append(_row(f"{seed} {noise} oracle", best, best.net_gpu_h, total))
     print(table(header, rows))
     for name, (share, month_name) in worst.items():

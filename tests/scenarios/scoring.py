@@ -164,6 +164,29 @@ def unmarked(month: Month, persistent: set[str]) -> list[str]:
     return sorted(n for n, seen in slow_in.items() if len(seen) >= 2 and n not in persistent)
 
 
+def unmarked_why(month: Month, node: str, result: dict[str, Any]) -> str:
+    """What a bad node's sustained slowdowns were, job by job (what it cost each job and
+    whether the job was evicted from it), to tell an unmarked node that no timing could
+    see (a slowdown that costs its job nothing) from one a decision missed."""
+    evicted = {
+        (d["job_id"], n)
+        for d in result["detections"]
+        if d["kind"] == "straggler" and d["action"] == "evict"
+        for n in d.get("nodes") or [d["node"]]
+    }
+    parts = []
+    for job in month.jobs:
+        for s in job.slowdowns:
+            if s.node == node and measurable(s, job) and s.sustained(job):
+                done = ", evicted" if (job.job_id, node) in evicted else ""
+                ranks = f"{len(s.ranks)} of {job.world} ranks"
+                parts.append(
+                    f"job {job.job_id} {s.kind} +{s.extra:.0%} on {ranks} {job.structure}, "
+                    f"costs the job {s.loss_frac:.1%}{done}"
+                )
+    return "; ".join(parts)
+
+
 def _what(job: JobTruth, node: str, t: float) -> str:
     kinds = [s.kind for s in job.slowdowns if s.node == node and s.onset_ts <= t < _end(s, job)]
     return ",".join(kinds) or f"healthy, structure {job.structure}"

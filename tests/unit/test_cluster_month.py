@@ -15,8 +15,8 @@ import pytest
 
 from slurm_plugin.backtest import run_backtest
 from slurm_plugin.policy.loader import load_policy
-from tests.scenarios.cluster import cluster_month
-from tests.scenarios.scoring import oracle, score
+from tests.scenarios.cluster import JobTruth, Month, Slowdown, cluster_month
+from tests.scenarios.scoring import oracle, score, unmarked, unmarked_why
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,3 +33,42 @@ def test_a_short_month_under_the_shipped_evict_policy(seed: int) -> None:
     assert scored.missed == []
     assert best.net_gpu_h > 0
     assert scored.net_gpu_h >= 0.8 * best.net_gpu_h, (scored, best.net_gpu_h)
+
+
+def test_an_unmarked_bad_node_says_what_each_of_its_jobs_saw() -> None:
+    """The benchmark's `bad unmarked` line tells a node no timing could see (its slowdown
+    cost the job nothing) from one a decision missed: per job, the slowdown, its share of
+    the job's time and whether the job was evicted from it."""
+
+    def job(job_id: str, extra: float, loss: float) -> JobTruth:
+        truth = JobTruth(
+            job_id=job_id,
+            world=16,
+            nodes=["n0001", "n0002"],
+            start_ts=0.0,
+            trace_end_ts=3600.0,
+            end_ts=7200.0,
+            limit_ts=None,
+            step_s=1.0,
+            checkpoint_s=600.0,
+            reports_checkpoints=True,
+            restart_s=60.0,
+            structure="pipeline",
+            labelled=False,
+        )
+        truth.slowdowns.append(Slowdown("persistent", "n0001", (3,), extra, 100.0, 7200.0, loss))
+        return truth
+
+    month = Month([job("1", 0.3, 0.2), job("2", 0.09, 0.0)], None, None, {"n0001"})  # type: ignore[arg-type]
+    result = {
+        "detections": [
+            {"kind": "straggler", "action": "evict", "job_id": "1", "node": "n0001"},
+            {"kind": "straggler", "action": "annotate", "job_id": "2", "node": "n0001"},
+        ],
+        "persistent_nodes": [],
+    }
+    assert unmarked(month, set()) == ["n0001"]
+    assert unmarked_why(month, "n0001", result) == (
+        "job 1 persistent +30% on 1 of 16 ranks pipeline, costs the job 20.0%, evicted; "
+        "job 2 persistent +9% on 1 of 16 ranks pipeline, costs the job 0.0%"
+    )
