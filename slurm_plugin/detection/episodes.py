@@ -4,7 +4,11 @@ A node reported again soon after its last report, with no step in between on whi
 slowdown was seen to have ended, is the same slowdown going on: it began when that one began
 (how long a slowdown has lasted is what tells a passing burst from a lasting fault). A
 slowdown that ended is over: the next one is a new episode with its own age, so separate
-bursts never add up to one that "lasted" all along.
+bursts never add up to one that "lasted" all along. Reports that do not stand out from the
+job's rank-to-rank spread (they blend in) may be the tail of how healthy ranks differ: while
+none of an episode's reports has stood out, it reaches back at most two re-arm periods (a
+healthy rank's drift flagged on and off for many minutes says nothing about when a real
+slowdown began; one report while a real slowdown's level builds up does).
 """
 
 from __future__ import annotations
@@ -28,9 +32,9 @@ class Episodes:
     order: np.ndarray
     node_starts: np.ndarray
     node_of_group: np.ndarray
-    #: (node, kind) -> (when its slowdown began, step and time of its last report, and which
-    #: end chart tells it is over).
-    _open: dict[tuple[str, str], tuple[float, int, float, tuple[str, int]]] = field(
+    #: (node, kind) -> (when its slowdown began, step and time of its last report, which end
+    #: chart tells it is over, and whether any of its reports stood out).
+    _open: dict[tuple[str, str], tuple[float, int, float, tuple[str, int], bool]] = field(
         default_factory=dict
     )
     #: Per end chart, the current block's rows x columns on which the slowdown was over, the
@@ -80,17 +84,21 @@ class Episodes:
             return event
         previous = self._open.get(key)
         since = event.since_ts
-        if (
+        goes_on = (
             previous is not None
             and (
                 event.step - previous[1] <= 2 * p.rearm_steps
                 or event.ts - previous[2] <= 2 * p.rearm_s
             )
             and not self._ended_between(previous[3], previous[2], event.ts)
-        ):
+        )
+        if previous is not None and goes_on:
             since = previous[0] if since is None else min(previous[0], since)
+        stood_out = not event.blends_in or (previous is not None and goes_on and previous[4])
+        if not stood_out and since is not None:
+            since = max(since, event.ts - 2 * p.rearm_s)  # noise so far: not far back
         start = since if since is not None else event.ts
-        self._open[key] = (start, event.step, event.ts, self._watch(event, kind))
+        self._open[key] = (start, event.step, event.ts, self._watch(event, kind), stood_out)
         return replace(event, since_ts=since) if since != event.since_ts else event
 
     def _watch(self, event: StragglerEvent, kind: str) -> tuple[str, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -49,6 +50,20 @@ class StragglerEvent(_Json):
     #: too few ranks to tell).
     level_z: float | None = None
     level_z_min: float | None = None
+
+    @property
+    def blends_in(self) -> bool:
+        """A compute straggler whose level does not stand out from the job's own rank-to-rank
+        spread of levels: the tail of how the job's healthy ranks differ, not a fault of the
+        node. Unknown (too few ranks, a record of an earlier release) never blends in."""
+        z, bar = self.level_z, self.level_z_min
+        return (
+            self.cause == "compute"
+            and z is not None
+            and bar is not None
+            and math.isfinite(bar)
+            and not z >= bar  # a NaN level blends in
+        )
 
     @property
     def lasted_s(self) -> float:

@@ -361,16 +361,8 @@ def _costs_nothing(event: StragglerEvent, policy: Policy) -> bool:
 def blends_in(event: StragglerEvent) -> bool:
     """A compute straggler whose level does not stand out from the job's own rank-to-rank
     spread of levels (:func:`slurm_plugin.detection.attribution.stand_out`): the tail of how
-    the job's healthy ranks differ, not a fault of the node. Unknown (too few ranks, a record
-    of an earlier release) never blends in."""
-    z, bar = event.level_z, event.level_z_min
-    return (
-        event.cause == "compute"
-        and z is not None
-        and bar is not None
-        and math.isfinite(bar)
-        and not z >= bar  # a NaN level blends in
-    )
+    the job's healthy ranks differ, not a fault of the node (:attr:`StragglerEvent.blends_in`)."""
+    return event.blends_in
 
 
 def _not_acted_on(event: StragglerEvent, policy: Policy) -> str | None:

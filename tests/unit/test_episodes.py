@@ -1,0 +1,74 @@
+"""Episodes: how long a node's slowdown has lasted, from the reports of it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from slurm_plugin.detection.episodes import Episodes
+from slurm_plugin.detection.events import StragglerEvent
+from slurm_plugin.detection.params import DetectionParams
+
+NODES = ["n1", "n2"]  # 8 ranks each
+
+
+def _episodes() -> Episodes:
+    return Episodes(DetectionParams(), NODES, np.arange(16), np.array([0, 8]), np.array([0, 1]))
+
+
+def _report(ts: float, *, level: float = 9.0, loss: float = 10.0) -> StragglerEvent:
+    """GPU 3 of n1 reported at ``ts``, its level ``level`` spreads above the other ranks'
+    (the bar is 5)."""
+    return StragglerEvent(
+        job_id="7",
+        node="n1",
+        gpu=3,
+        ranks=[3],
+        step=int(ts),
+        ts=ts,
+        cusum_ratio=1.0,
+        slowdown_pct=30.0,
+        cause="compute",
+        scope="gpu",
+        job_loss_pct=loss,
+        level_z=level,
+        level_z_min=5.0,
+    )
+
+
+def test_a_report_goes_on_from_the_last_one_of_its_slowdown() -> None:
+    episodes = _episodes()
+    assert episodes.same_episode(_report(100.0), "compute").since_ts is None
+    again = episodes.same_episode(_report(140.0), "compute")
+    assert again.since_ts == 100.0
+    assert again.lasted_s == 40.0
+
+
+def test_reports_that_only_blend_in_reach_back_two_rearm_periods_at_most() -> None:
+    """Heavy seed 0 of the month benchmark (job 100104, n0818): a healthy rank's drift was
+    reported for ~700 s, every report under the stand-out bar, before a real 514 s episode on
+    the node; the episode was dated from the first of them ("lasted 839 s", 60 % that it
+    lasts) and evicted. While none of an episode's reports stands out it reaches back two
+    re-arm periods at most (60 s); once one has, it goes on as any episode does."""
+    episodes = _episodes()
+    for ts in range(100, 400, 30):  # noise, on and off, for five minutes
+        episodes.same_episode(_report(float(ts), level=2.0), "compute")
+    real = episodes.same_episode(_report(400.0), "compute")
+    assert real.since_ts == 370.0 - 60.0  # the last noise report's reach, not 100 s
+    again = episodes.same_episode(_report(430.0, level=4.0), "compute")
+    assert again.since_ts == 310.0  # one that blends in goes on from one that stood out
+    assert episodes.same_episode(_report(460.0), "compute").since_ts == 310.0
+
+
+def test_a_report_just_before_a_slowdown_stands_out_dates_it() -> None:
+    """The demo's run: the first report, 1.5 s after the onset, blends in (its level still
+    builds up); the slowdown is dated from it, not from the next report 30 s later."""
+    episodes = _episodes()
+    episodes.same_episode(_report(100.0, level=4.0), "compute")
+    assert episodes.same_episode(_report(130.0), "compute").since_ts == 100.0
+
+
+def test_a_report_that_costs_nothing_ends_the_slowdown() -> None:
+    episodes = _episodes()
+    episodes.same_episode(_report(100.0), "compute")
+    episodes.same_episode(_report(130.0, loss=0.1), "compute")
+    assert episodes.same_episode(_report(160.0), "compute").since_ts is None
