@@ -17,6 +17,7 @@ from typing import Any
 
 from slurm_plugin.config.tables import HookSettings
 from slurm_plugin.model import keys
+from slurm_plugin.policy.rails import PersistencePolicy
 from slurm_plugin.service.hooks import NodeHooks, run_hook
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.store import hooks
@@ -123,7 +124,7 @@ def test_a_node_turned_persistent_runs_its_hook_once_and_forgiven_the_other(
 
     for job_id in ids:  # the jobs end; node3 stays quiet for the forgiveness period
         del slurm.job_table[job_id]
-    clock.advance(14 * 86400 + 600)
+    clock.advance(PersistencePolicy().forgive_after_days * 86400 + 600)
     loop.service.cycle()
     loop.service.hooks.join(30)
     assert loop.state.node_history("node3").state == "ok"
