@@ -207,6 +207,9 @@ def test_the_master_dies_mid_eviction(
         record = slurm.wait_job(job, "RUNNING", timeout_s=120)
         back = time.monotonic()
         wait_cycles(state, 3, timeout_s=60)  # the service cycles (leads) on the new master
+        # ... and finishes what it planned before the kill: recovery first waits out the
+        # plan's grace to learn whether Slurm was asked (three cycles can come sooner).
+        wait_for(lambda: not state.open_decisions(), 120, "the planned eviction to finish")
         record = slurm.job(job)
         decisions = [d for d in state.job_decisions(job) if d.get("action") in {"evict", "release"}]
         record_property("plan_to_kill_ms", round((killed - planned) * 1000, 1))
