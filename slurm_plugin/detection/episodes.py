@@ -8,7 +8,10 @@ bursts never add up to one that "lasted" all along. Reports that do not stand ou
 job's rank-to-rank spread (they blend in) may be the tail of how healthy ranks differ: while
 none of an episode's reports has stood out, it reaches back at most two re-arm periods (a
 healthy rank's drift flagged on and off for many minutes says nothing about when a real
-slowdown began; one report while a real slowdown's level builds up does).
+slowdown began; one report while a real slowdown's level builds up does). Episodes are kept
+per GPU: one GPU's report goes on from that GPU's episode or from a node-wide one, never from
+another GPU's (a burst on GPU 5 does not make GPU 0's later fault look as old as the burst);
+a node-wide report goes on from any of the node's episodes.
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ class Episodes:
     order: np.ndarray
     node_starts: np.ndarray
     node_of_group: np.ndarray
-    #: (node, kind) -> (when its slowdown began, step and time of its last report, which end
-    #: chart tells it is over, and whether any of its reports stood out).
-    _open: dict[tuple[str, str], tuple[float, int, float, tuple[str, int], bool]] = field(
+    #: (node, kind, which end chart tells it is over) -> (when its slowdown began, step and
+    #: time of its last report, and whether any of its reports stood out).
+    _open: dict[tuple[str, str, tuple[str, int]], tuple[float, int, float, bool]] = field(
         default_factory=dict
     )
     #: Per end chart, the current block's rows x columns on which the slowdown was over, the
@@ -70,36 +73,42 @@ class Episodes:
                 self._calm_ts[kind] = np.where(calm.any(axis=0), self._block_ts[last], was)
 
     def same_episode(self, event: StragglerEvent, kind: str) -> StragglerEvent:
-        """``event`` dated from the start of its episode: that of the node's last report when
-        it came within two re-arm periods and was not seen to end in between. A report that
-        costs the job nothing ends the episode."""
-        key = (event.node, kind)
+        """``event`` dated from the start of its episode: that of an earlier report of the
+        same slowdown (:meth:`_goes_on`) when it came within two re-arm periods and was not
+        seen to end in between. A report that costs the job nothing ends the node's episodes."""
         p = self.params
         loss = event.job_loss_pct
         if kind == "compute" and loss is not None and loss < p.min_job_loss_pct:
             # The job does not wait for the node (now): no slowdown of the job goes on, so
             # nothing it does later dates from here (by-design offsets flagged for hours
             # would otherwise make a later burst look as old as they are).
-            self._open.pop(key, None)
+            for key in [k for k in self._open if k[0] == event.node and k[1] == kind]:
+                del self._open[key]
             return event
-        previous = self._open.get(key)
+        watch = self._watch(event, kind)
         since = event.since_ts
-        goes_on = (
-            previous is not None
-            and (
-                event.step - previous[1] <= 2 * p.rearm_steps
-                or event.ts - previous[2] <= 2 * p.rearm_s
-            )
-            and not self._ended_between(previous[3], previous[2], event.ts)
-        )
-        if previous is not None and goes_on:
-            since = previous[0] if since is None else min(previous[0], since)
-        stood_out = not event.blends_in or (previous is not None and goes_on and previous[4])
+        stood_out = not event.blends_in
+        for (node, of_kind, earlier), (start, step, ts, confirmed) in self._open.items():
+            if (
+                node == event.node
+                and of_kind == kind
+                and self._goes_on(earlier, watch)
+                and (event.step - step <= 2 * p.rearm_steps or event.ts - ts <= 2 * p.rearm_s)
+                and not self._ended_between(earlier, ts, event.ts)
+            ):
+                since = start if since is None else min(start, since)
+                stood_out = stood_out or confirmed
         if not stood_out and since is not None:
             since = max(since, event.ts - 2 * p.rearm_s)  # noise so far: not far back
         start = since if since is not None else event.ts
-        self._open[key] = (start, event.step, event.ts, self._watch(event, kind), stood_out)
+        self._open[(event.node, kind, watch)] = (start, event.step, event.ts, stood_out)
         return replace(event, since_ts=since) if since != event.since_ts else event
+
+    @staticmethod
+    def _goes_on(earlier: tuple[str, int], now: tuple[str, int]) -> bool:
+        """A report watched on ``now`` can be the slowdown watched on ``earlier`` going on:
+        a GPU's from its own episode or the node's, a node-wide one from any of the node's."""
+        return now[0] != "compute:rank" or earlier == now or earlier[0] == "compute:node"
 
     def _watch(self, event: StragglerEvent, kind: str) -> tuple[str, int]:
         """What tells that ``event``'s slowdown ended: its rank's end chart (one GPU), its

@@ -15,20 +15,23 @@ def _episodes() -> Episodes:
     return Episodes(DetectionParams(), NODES, np.arange(16), np.array([0, 8]), np.array([0, 1]))
 
 
-def _report(ts: float, *, level: float = 9.0, loss: float = 10.0) -> StragglerEvent:
-    """GPU 3 of n1 reported at ``ts``, its level ``level`` spreads above the other ranks'
-    (the bar is 5)."""
+def _report(
+    ts: float, *, level: float = 9.0, loss: float = 10.0, gpu: int | None = 3, node: str = "n1"
+) -> StragglerEvent:
+    """GPU ``gpu`` of ``node`` (None: the whole node) reported at ``ts``, its level ``level``
+    spreads above the other ranks' (the bar is 5)."""
+    base = 8 * NODES.index(node)
     return StragglerEvent(
         job_id="7",
-        node="n1",
-        gpu=3,
-        ranks=[3],
+        node=node,
+        gpu=gpu,
+        ranks=[base + gpu] if gpu is not None else list(range(base, base + 8)),
         step=int(ts),
         ts=ts,
         cusum_ratio=1.0,
         slowdown_pct=30.0,
         cause="compute",
-        scope="gpu",
+        scope="gpu" if gpu is not None else "node",
         job_loss_pct=loss,
         level_z=level,
         level_z_min=5.0,
@@ -72,3 +75,35 @@ def test_a_report_that_costs_nothing_ends_the_slowdown() -> None:
     episodes.same_episode(_report(100.0), "compute")
     episodes.same_episode(_report(130.0, loss=0.1), "compute")
     assert episodes.same_episode(_report(160.0), "compute").since_ts is None
+
+
+def test_one_gpus_fault_is_not_dated_from_another_gpus_burst() -> None:
+    """Heavy seed 5 of the month benchmark (job 100000, n2045): a burst on GPU 5 and then GPU
+    0's real 365 s episode read as one episode from the burst on. GPU 0's begins at its own
+    report; GPU 5's goes on from its own."""
+    episodes = _episodes()
+    assert episodes.same_episode(_report(100.0, gpu=5), "compute").since_ts is None
+    zero = episodes.same_episode(_report(140.0, gpu=0), "compute")
+    assert zero.since_ts is None
+    assert episodes.same_episode(_report(170.0, gpu=0), "compute").since_ts == 140.0
+    assert episodes.same_episode(_report(180.0, gpu=5), "compute").since_ts == 100.0
+
+
+def test_a_node_wide_slowdown_goes_on_from_any_of_its_gpus_and_they_from_it() -> None:
+    episodes = _episodes()
+    episodes.same_episode(_report(100.0, gpu=5), "compute")
+    episodes.same_episode(_report(130.0, gpu=0), "compute")
+    assert episodes.same_episode(_report(150.0, gpu=None), "compute").since_ts == 100.0
+    assert episodes.same_episode(_report(170.0, gpu=2), "compute").since_ts == 100.0
+    other = episodes.same_episode(_report(175.0, gpu=2, node="n2"), "compute")
+    assert other.since_ts is None  # another node's episodes are its own
+
+
+def test_a_report_that_costs_nothing_ends_every_episode_of_its_node() -> None:
+    episodes = _episodes()
+    episodes.same_episode(_report(100.0, gpu=5), "compute")
+    episodes.same_episode(_report(110.0, gpu=1, node="n2"), "compute")
+    episodes.same_episode(_report(120.0, gpu=None), "compute")
+    episodes.same_episode(_report(130.0, gpu=0, loss=0.1), "compute")
+    assert episodes.same_episode(_report(140.0, gpu=5), "compute").since_ts is None
+    assert episodes.same_episode(_report(160.0, gpu=1, node="n2"), "compute").since_ts == 110.0
