@@ -344,7 +344,7 @@ def is_slowdown(event: StragglerEvent, policy: Policy) -> bool:
     return (
         event.slowdown_pct >= minimum_slowdown_pct(event, policy)
         and not _costs_nothing(event, policy)
-        and not blends_in(event)
+        and not event.blends_in
     )
 
 
@@ -358,18 +358,11 @@ def _costs_nothing(event: StragglerEvent, policy: Policy) -> bool:
     )
 
 
-def blends_in(event: StragglerEvent) -> bool:
-    """A compute straggler whose level does not stand out from the job's own rank-to-rank
-    spread of levels (:func:`slurm_plugin.detection.attribution.stand_out`): the tail of how
-    the job's healthy ranks differ, not a fault of the node (:attr:`StragglerEvent.blends_in`)."""
-    return event.blends_in
-
-
 def _not_acted_on(event: StragglerEvent, policy: Policy) -> str | None:
     """Why an event leads to nothing at all (not even an annotation), or None."""
     if policy.actions.mode == "off":
         return "policy is off"
-    if blends_in(event):
+    if event.blends_in:
         return (
             f"{event.node} does not stand out from the job's own rank-to-rank variation: its "
             f"level is {event.level_z:.1f} spreads above the other ranks', a straggler among "

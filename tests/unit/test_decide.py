@@ -19,7 +19,6 @@ from slurm_plugin.policy.decide import (
     ClusterContext,
     Decision,
     JobContext,
-    blends_in,
     decide,
     is_slowdown,
     outlook,
@@ -485,4 +484,4 @@ def test_a_straggler_that_blends_into_its_jobs_drift_is_not_acted_on() -> None:
         assert is_slowdown(clear, evict)
         assert decide(clear, _job(), evict, JobContext(), cluster, NOW).action == "evict"
     # Data loading is compared by its own chart, never by the compute level.
-    assert not blends_in(replace(blended, cause="input"))
+    assert not replace(blended, cause="input").blends_in

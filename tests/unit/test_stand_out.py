@@ -14,7 +14,7 @@ import numpy as np
 
 from slurm_plugin.detection import Detector, StragglerEvent
 from slurm_plugin.detection.attribution import stand_out
-from slurm_plugin.policy.decide import blends_in, is_slowdown
+from slurm_plugin.policy.decide import is_slowdown
 from slurm_plugin.policy.loader import load_policy
 from tests.scenarios.generator import JobSpec, Slowdown, generate, step_change
 
@@ -58,8 +58,8 @@ def test_healthy_ranks_that_drift_are_reported_but_never_acted_on() -> None:
     ]
     assert passing_before, "the drift must look like a straggler to the charts"
     assert all(e.level_z is not None and e.level_z_min is not None for e in reports)
-    assert all(blends_in(e) for e in passing_before), [
-        (e.step, e.level_z, e.level_z_min) for e in passing_before if not blends_in(e)
+    assert all(e.blends_in for e in passing_before), [
+        (e.step, e.level_z, e.level_z_min) for e in passing_before if not e.blends_in
     ]
     assert not any(is_slowdown(e, policy) for e in reports)
 
@@ -68,7 +68,7 @@ def test_a_slow_gpu_among_drifting_ranks_stands_out() -> None:
     """The same job with one GPU +20 % from step 1500: it clears the bar within a few
     hundred steps and is a slowdown the policy acts on; no other node ever does."""
     reports = _drifting_job(16, {5: step_change(0.20, 1500)})
-    faulty = [e for e in reports if e.step >= 1500 and 5 in e.ranks and not blends_in(e)]
+    faulty = [e for e in reports if e.step >= 1500 and 5 in e.ranks and not e.blends_in]
     assert faulty
     assert faulty[0].step <= 1500 + 300
     assert is_slowdown(faulty[0], EVICT)
@@ -121,5 +121,5 @@ def test_a_whole_slow_node_of_a_two_node_job_stands_out() -> None:
     reports = [e for e in det.advance(final=True) if isinstance(e, StragglerEvent)]
     assert reports
     assert all(e.node == "n0001" for e in reports)
-    assert all(not blends_in(e) for e in reports), [(e.step, e.level_z) for e in reports]
+    assert all(not e.blends_in for e in reports), [(e.step, e.level_z) for e in reports]
     assert is_slowdown(reports[0], EVICT)
