@@ -35,9 +35,9 @@ class Episodes:
     order: np.ndarray
     node_starts: np.ndarray
     node_of_group: np.ndarray
-    #: (node, kind, which end chart tells it is over) -> (when its slowdown began, step and
-    #: time of its last report, and whether any of its reports stood out).
-    _open: dict[tuple[str, str, tuple[str, int]], tuple[float, int, float, bool]] = field(
+    #: (node, kind) -> per end chart that tells it is over (one GPU's, the node's): when its
+    #: slowdown began, step and time of its last report, and whether any report stood out.
+    _open: dict[tuple[str, str], dict[tuple[str, int], tuple[float, int, float, bool]]] = field(
         default_factory=dict
     )
     #: Per end chart, the current block's rows x columns on which the slowdown was over, the
@@ -82,17 +82,15 @@ class Episodes:
             # The job does not wait for the node (now): no slowdown of the job goes on, so
             # nothing it does later dates from here (by-design offsets flagged for hours
             # would otherwise make a later burst look as old as they are).
-            for key in [k for k in self._open if k[0] == event.node and k[1] == kind]:
-                del self._open[key]
+            self._open.pop((event.node, kind), None)
             return event
+        episodes = self._open.setdefault((event.node, kind), {})
         watch = self._watch(event, kind)
         since = event.since_ts
         stood_out = not event.blends_in
-        for (node, of_kind, earlier), (start, step, ts, confirmed) in self._open.items():
+        for earlier, (start, step, ts, confirmed) in episodes.items():
             if (
-                node == event.node
-                and of_kind == kind
-                and self._goes_on(earlier, watch)
+                self._goes_on(earlier, watch)
                 and (event.step - step <= 2 * p.rearm_steps or event.ts - ts <= 2 * p.rearm_s)
                 and not self._ended_between(earlier, ts, event.ts)
             ):
@@ -101,7 +99,7 @@ class Episodes:
         if not stood_out and since is not None:
             since = max(since, event.ts - 2 * p.rearm_s)  # noise so far: not far back
         start = since if since is not None else event.ts
-        self._open[(event.node, kind, watch)] = (start, event.step, event.ts, stood_out)
+        episodes[watch] = (start, event.step, event.ts, stood_out)
         return replace(event, since_ts=since) if since != event.since_ts else event
 
     @staticmethod
