@@ -392,11 +392,17 @@ class DevCluster:
 
     def _wait_ready(self, deadline: float, notes: list[str]) -> None:
         resumed: set[str] = set()
+        leaving: set[int | None] = set()
         states: dict[str, str] = {}
         while time.monotonic() < deadline:
-            if not self._alive("slurmctld"):
-                # One told to stop still holds its pid file while it saves its state (seconds
-                # under load): ``up`` then took it for running, and it exits meanwhile.
+            # One told to stop still holds its pid file while it saves its state (seconds under
+            # load) and may answer sinfo meanwhile: wait until it is gone, then start another.
+            pid = procs.read_pid(self._pidfile("slurmctld"))
+            if procs.told_to_stop(pid) or (pid in leaving and procs.is_alive(pid)):
+                leaving.add(pid)
+                time.sleep(0.1)
+                continue
+            if not procs.is_alive(pid):
                 self._start_slurmctld()
                 notes.append("started slurmctld again (it was stopping)")
             states = self._node_states()

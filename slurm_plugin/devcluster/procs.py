@@ -47,6 +47,25 @@ def is_alive(pid: int | None) -> bool:
     return state not in {"Z", "X"}
 
 
+_TOLD_TO_STOP = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGINT - 1))
+
+
+def told_to_stop(pid: int | None) -> bool:
+    """True when ``pid`` has a SIGTERM or SIGINT pending that it has not taken in yet (held by
+    SIGSTOP, or too busy to run its signal thread): such a daemon is on its way out, yet may
+    still answer a request or two before it exits."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except (OSError, ValueError):
+        return False
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)
+    pending = 0
+    for name in ("SigPnd", "ShdPnd"):
+        with contextlib.suppress(KeyError, ValueError):
+            pending |= int(fields[name].strip(), 16)
+    return bool(pending & _TOLD_TO_STOP)
+
+
 def uts_namespace(pid: int) -> str | None:
     """The UTS namespace id of a process (``uts:[4026532...]``), or None."""
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,36 @@ def test_is_alive_sees_zombies_as_dead() -> None:
     child.wait()
     assert procs.is_alive(os.getpid())
     assert not procs.is_alive(None)
+
+
+def test_told_to_stop_sees_a_sigterm_the_process_has_not_taken_in() -> None:
+    """A daemon that takes SIGTERM in a signal thread (slurmctld) and has not run it yet (held
+    with SIGSTOP, or busy) is on its way out: the harness must not take its last answers for a
+    running controller. A running process with nothing pending is not."""
+    waits_for_sigterm = (
+        "import signal, sys; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}); "
+        "print('blocked', flush=True); sys.stdin.readline(); "
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", waits_for_sigterm],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "blocked\n"
+        assert not procs.told_to_stop(child.pid)
+        os.kill(child.pid, signal.SIGTERM)
+        assert procs.told_to_stop(child.pid)
+        child.communicate("go\n", timeout=10)  # unblocked, it takes the SIGTERM in and dies
+        assert child.returncode == -signal.SIGTERM
+    finally:
+        child.kill()
+        child.wait()
+    assert not procs.told_to_stop(child.pid)
+    assert not procs.told_to_stop(None)
 
 
 def test_read_pid(tmp_path: Path) -> None:
