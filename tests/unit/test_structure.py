@@ -53,6 +53,21 @@ def test_pipeline_stages_are_structure_and_the_real_straggler_is_found(labelled:
     assert offsets == [pytest.approx(-7.4, abs=1), pytest.approx(15.7, abs=1)], offsets
 
 
+def test_a_gpu_slow_from_step_0_in_the_faster_stage_is_still_found() -> None:
+    """Two stages on two nodes each (32 GPUs, the later stage +24 % by design, no labels)
+    and one GPU of the first stage +9 % from step 0 (the job waits for the later stage, so
+    it costs the job nothing): the GPU is compared with its stage and reported; it read as
+    4 % *faster* than the job's median rank before, and its node was never seen slow."""
+    slow, _ = pipeline(32, [0.0, 0.24])
+    slow[10] = step_change(0.09, 0)
+    events, det = _events(JobSpec("f", 32, 400, seed=3, compute_slow=slow))
+    assert {(tuple(e.ranks), e.node) for e in events} == {((10,), "n0001")}, events
+    assert events[0].slowdown_pct == pytest.approx(9, abs=2)
+    detector = det._jobs["f"].detector
+    assert detector is not None
+    assert sorted(int(str(g["ranks"])) for g in detector.structure) == [16, 16]
+
+
 @pytest.mark.parametrize("labelled", [False, True], ids=["inferred", "labelled"])
 def test_pipeline_without_a_straggler_raises_nothing(labelled: bool) -> None:
     """The same pipeline, healthy: no event in 500 steps."""
