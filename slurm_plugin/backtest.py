@@ -21,7 +21,7 @@ import numpy as np
 
 from slurm_plugin.detection import Detector, Event, RecordBatch, StragglerEvent
 from slurm_plugin.model.cluster import MAX_RANKS_PER_NODE
-from slurm_plugin.policy.decide import is_slowdown
+from slurm_plugin.policy.decide import is_node_slow
 from slurm_plugin.policy.history import (
     HistoryParams,
     Incident,
@@ -232,9 +232,9 @@ def _incidents(
 def _incident(
     histories: dict[str, NodeHistory], event: Event, policy: Policy, params: HistoryParams
 ) -> None:
-    """A straggler that is a slowdown under ``policy`` into its node's history, as the
+    """A straggler whose node is slow under ``policy`` into its node's history, as the
     service's node rails record it."""
-    if isinstance(event, StragglerEvent) and is_slowdown(event, policy):
+    if isinstance(event, StragglerEvent) and is_node_slow(event, policy):
         _record(histories, event, event.ts, params)
 
 

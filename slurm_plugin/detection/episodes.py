@@ -11,7 +11,8 @@ healthy rank's drift flagged on and off for many minutes says nothing about when
 slowdown began; one report while a real slowdown's level builds up does). Episodes are kept
 per GPU: one GPU's report goes on from that GPU's episode or from a node-wide one, never from
 another GPU's (a burst on GPU 5 does not make GPU 0's later fault look as old as the burst);
-a node-wide report goes on from any of the node's episodes.
+a node-wide report goes on from any of the node's episodes. Reports that cost the job nothing
+end the node's episodes and keep episodes of their own (:data:`COSTLESS`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ import numpy as np
 
 from slurm_plugin.detection.events import StragglerEvent
 from slurm_plugin.detection.params import F64, DetectionParams
+
+#: The episodes of reports that cost the job nothing (a GPU slow in a pipeline stage that
+#: waits for a slower one anyway): their own, so that a node slow for an hour where the job
+#: did not wait for it is still seen to have been slow that long (node history counts it),
+#: while the job's own slowdowns never date from them.
+COSTLESS = "compute:costless"
 
 
 @dataclass
@@ -75,7 +82,8 @@ class Episodes:
     def same_episode(self, event: StragglerEvent, kind: str) -> StragglerEvent:
         """``event`` dated from the start of its episode: that of an earlier report of the
         same slowdown (:meth:`_goes_on`) when it came within two re-arm periods and was not
-        seen to end in between. A report that costs the job nothing ends the node's episodes."""
+        seen to end in between. A report that costs the job nothing ends the node's episodes
+        and goes on from the node's earlier such reports only (:data:`COSTLESS`)."""
         p = self.params
         loss = event.job_loss_pct
         if kind == "compute" and loss is not None and loss < p.min_job_loss_pct:
@@ -83,7 +91,7 @@ class Episodes:
             # nothing it does later dates from here (by-design offsets flagged for hours
             # would otherwise make a later burst look as old as they are).
             self._open.pop((event.node, kind), None)
-            return event
+            kind = COSTLESS
         episodes = self._open.setdefault((event.node, kind), {})
         watch = self._watch(event, kind)
         since = event.since_ts

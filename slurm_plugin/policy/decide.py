@@ -336,16 +336,19 @@ def minimum_slowdown_pct(event: StragglerEvent, policy: Policy) -> float:
     )
 
 
+def is_node_slow(event: StragglerEvent, policy: Policy) -> bool:
+    """Slower than its peers by at least the policy's minimum and standing out from the job's
+    rank-to-rank variation, whether or not the job waits for it: what node history counts (a
+    node slow in two jobs is a bad node, also where one of them waited for a slower pipeline
+    stage anyway). A speed-up or a slowdown too small to matter never enters it."""
+    return event.slowdown_pct >= minimum_slowdown_pct(event, policy) and not event.blends_in
+
+
 def is_slowdown(event: StragglerEvent, policy: Policy) -> bool:
-    """Slower than its peers by at least the policy's minimum and, for compute, costing the
-    job at least ``min_job_loss_pct`` of its time when the detector could say. Anything else
-    (a speed-up, a slowdown too small to matter, a rank the job does not wait for) never
-    enters node history, an annotation or a decision."""
-    return (
-        event.slowdown_pct >= minimum_slowdown_pct(event, policy)
-        and not _costs_nothing(event, policy)
-        and not event.blends_in
-    )
+    """A slow node (:func:`is_node_slow`) that, for compute, costs the job at least
+    ``min_job_loss_pct`` of its time when the detector could say. Anything else (a rank the
+    job does not wait for among them) never enters an annotation or a decision."""
+    return is_node_slow(event, policy) and not _costs_nothing(event, policy)
 
 
 def _costs_nothing(event: StragglerEvent, policy: Policy) -> bool:

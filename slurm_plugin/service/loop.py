@@ -24,7 +24,7 @@ from slurm_plugin.detection import DetectionParams, Detector, Event, StragglerEv
 from slurm_plugin.errors import StragglerError
 from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy import lifecycle
-from slurm_plugin.policy.decide import ClusterContext, is_slowdown
+from slurm_plugin.policy.decide import ClusterContext, is_node_slow, is_slowdown
 from slurm_plugin.policy.history import other_jobs, slow_elsewhere
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.service.collector import BetweenCycles
@@ -363,7 +363,7 @@ class Service:
             self.settings.service.evidence_max_age_s,
         )
         past = self._node_incidents(event.node, job, now)
-        if is_slowdown(event, policy):  # speed-ups and small blips never enter node history
+        if is_node_slow(event, policy):  # speed-ups and small blips never enter node history
             self._node_rails.remember(
                 event,
                 job,
@@ -373,6 +373,7 @@ class Service:
                 now,
                 corroborated=bool(evidence[0]),
                 cluster_mode=self._policies.default.actions.mode,
+                costless=not is_slowdown(event, policy),
             )
         job_state = self.state.job_state(job.job_id)
         held = self._decisions.waiting(job_state)

@@ -88,12 +88,15 @@ class NodeRails:
         corroborated: bool = False,
         cluster_mode: str = "observe",
         evicted: bool = False,
+        costless: bool = False,
     ) -> None:
         """Node history, persistent-straggler drain and the circuit breaker, under the cluster
         rails (the service's settings, never a job's policy: one job must not set what all
         share). Draining also needs the default policy's ``cluster_mode`` to be evict.
         ``evicted``: the job was requeued without the node on ``event`` (an incident however
-        short the slowdown; the report itself was counted for the breaker already)."""
+        short the slowdown; the report itself was counted for the breaker already).
+        ``costless``: the job does not wait for the node (node history only: the breaker
+        counts the stragglers the service may act on)."""
         before = self.state.node_history(event.node)
         transition = record_incident(
             before,
@@ -114,7 +117,7 @@ class NodeRails:
         self.state.save_node_history(transition.history)
         if transition.became_persistent:
             self._persistent(transition.history, before.state, transition.reasons, now)
-        if event.cause == "compute" and not evicted:  # the window lives in Redis
+        if event.cause == "compute" and not (evicted or costless):  # the window is in Redis
             window = rails.safety.breaker_window_s
             distinct = self.state.flag_for_breaker(event.node, now, window)
             if distinct > rails.safety.breaker_max_nodes and self.state.breaker() is None:

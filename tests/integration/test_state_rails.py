@@ -98,6 +98,29 @@ def test_the_breaker_window_outlives_a_service_restart(private_redis: RedisServe
     assert "3 straggler nodes within 600 s" in (state.breaker() or "")
 
 
+def test_a_slow_node_the_job_does_not_wait_for_enters_history_not_the_breaker(
+    private_redis: RedisServer,
+) -> None:
+    """Issue 36, classes 5 and 8: a GPU slow for 20 minutes in the faster of two pipeline
+    stages (the job waits for the slower stage anyway) is an incident of its node, the first
+    step to marking a node slow in two jobs; it is no straggler the service may act on, so
+    it never counts towards the breaker (max 1: three such nodes would have opened it)."""
+    clock = FakeClock()
+    state = _state(private_redis, clock)
+    rails = ClusterRails(safety=SafetyPolicy(breaker_max_nodes=1, breaker_window_s=600))
+    jobs = FakeScheduler([running_job(clock)], [])
+    node_rails = NodeRails(state, Executor(jobs, state, clock=clock), dry_run=True)
+    for node in ("node1", "node2", "node3"):
+        event = StragglerEvent(
+            "5", node, 2, [2], 900, clock(), 9.0, 9.0, "compute", "gpu",
+            since_ts=clock() - 1200, job_loss_pct=0.0,
+        )  # fmt: skip
+        node_rails.remember(event, running_job(clock), "5.1", rails, (), clock(), costless=True)
+    assert state.breaker() is None
+    (incident,) = state.node_history("node1").incidents
+    assert (incident.job_id, incident.lasted_s) == ("5.1", 1200.0)
+
+
 def test_the_leader_lock_has_one_owner_and_only_the_owner_keeps_or_frees_it(
     private_redis: RedisServer,
 ) -> None:

@@ -20,6 +20,7 @@ from slurm_plugin.policy.decide import (
     Decision,
     JobContext,
     decide,
+    is_node_slow,
     is_slowdown,
     outlook,
 )
@@ -485,3 +486,20 @@ def test_a_straggler_that_blends_into_its_jobs_drift_is_not_acted_on() -> None:
         assert decide(clear, _job(), evict, JobContext(), cluster, NOW).action == "evict"
     # Data loading is compared by its own chart, never by the compute level.
     assert not replace(blended, cause="input").blends_in
+
+
+def test_a_slow_gpu_the_job_does_not_wait_for_is_a_slow_node_not_a_slowdown() -> None:
+    """Issue 36, classes 5 and 8: one GPU +9 % in the faster of two pipeline stages costs
+    the job 0 % of its time: no action and no note (the job would be no faster without it),
+    yet its node is slow, and node history counts it (a second job on that node saw it
+    slow too). One that blends in, or under the minimum, is neither."""
+    event = replace(_event(9.0, lasted_s=3600.0), job_loss_pct=0.0, level_z=20.0, level_z_min=5.0)
+    evict = POLICIES["evict"]
+    d = decide(event, _job(), evict, JobContext(), ClusterContext(nodes=NODES), NOW)
+    assert d.action == "none"
+    assert d.reasons[0].startswith("the job would be no faster without node3")
+    assert is_node_slow(event, evict)
+    assert not is_slowdown(event, evict)
+    for neither in (replace(event, level_z=3.0), replace(event, slowdown_pct=2.0)):
+        assert not is_node_slow(neither, evict)
+        assert not is_slowdown(neither, evict)

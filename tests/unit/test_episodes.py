@@ -107,3 +107,20 @@ def test_a_report_that_costs_nothing_ends_every_episode_of_its_node() -> None:
     episodes.same_episode(_report(130.0, gpu=0, loss=0.1), "compute")
     assert episodes.same_episode(_report(140.0, gpu=5), "compute").since_ts is None
     assert episodes.same_episode(_report(160.0, gpu=1, node="n2"), "compute").since_ts == 110.0
+
+
+def test_reports_that_cost_nothing_have_episodes_of_their_own() -> None:
+    """Gauss seed 5 of the month benchmark (job 100054, n1288): one GPU +9 % from the first
+    step in the faster of two pipeline stages, reported every re-arm period for the whole
+    job at 0 % of the job's time. Each report started afresh ("lasted 51 s"), so node
+    history never saw a slowdown that lasted: those reports now go on from each other (the
+    node was slow that long), while a report the job pays for never dates from them."""
+    episodes = _episodes()
+    for ts in range(100, 1000, 30):
+        free = episodes.same_episode(_report(float(ts), loss=0.0), "compute")
+    assert free.since_ts == 100.0
+    assert free.lasted_s == 870.0
+    paid = episodes.same_episode(_report(1000.0), "compute")
+    assert paid.since_ts is None  # the job's slowdown begins now
+    later = episodes.same_episode(_report(1030.0, loss=0.0), "compute")
+    assert later.since_ts == 100.0  # the node's own slowness goes on
