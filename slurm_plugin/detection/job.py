@@ -77,6 +77,9 @@ class _Tail:
     #: (``JobDetector._levels``), and how many half-lives of live steps the levels have seen.
     level_spread: F64
     level_age: F64
+    #: Per row, the median rank's compute (structure divided out): times a rank's offset,
+    #: what it computes "as its peers" in ``healthy``.
+    median: F64
     offset: int = 0
 
 
@@ -268,6 +271,7 @@ class JobDetector:
                 level,
                 spread_of_levels,
                 level_age,
+                med_c,
             )
         )
         input_calm = self._episodes.input_calm(input_s / _INPUT_THRESHOLD)
@@ -484,6 +488,15 @@ class JobDetector:
                 heapq.heappush(queue, (int(later[0]), kind, -float(scores[later[0]]), i))
         return events
 
+    def _peer_level(self, excess: F64, node_index: int) -> F64:
+        """Per row, the median compute of the ranks on other nodes, relative to the job's
+        median rank (1.0 for a job on one node, or a row where they measured nothing)."""
+        rest = self.rank_node != node_index
+        if not rest.any():
+            return np.ones(len(excess))
+        level = row_median(1.0 + excess[:, rest])
+        return np.where(np.isfinite(level) & (level > 0), level, 1.0)
+
     def _rearmed(self, reported: tuple[int, float], step: Any, ts: Any) -> Any:
         """A re-arm period (steps or seconds, whichever first) has passed since ``reported``."""
         p = self.params
@@ -524,10 +537,20 @@ class JobDetector:
             ranks = [rank]
         else:
             ranks = [int(node_ranks[int(np.argmax(mean_z))])]
-        slowdown = float(np.nanmean(excess[lo:hi][:, ranks])) * 100.0
+        if kind == "compute":
+            # Against the other nodes' ranks: the job's median rank is no healthy peer when
+            # the node holds half the ranks (a two-node job's slow node read half its
+            # slowdown, and a requeue half its saving).
+            peers = self._peer_level(window.excess_compute[lo:hi], node_index)
+            slowdown = float(np.nanmean((1.0 + excess[lo:hi][:, ranks]) / peers[:, None] - 1.0))
+        else:
+            slowdown = float(np.nanmean(excess[lo:hi][:, ranks]))
+        slowdown *= 100.0
         healthy = others = transfer = None
         if kind == "compute":
-            healthy = window.healthy[lo:hi]
+            healthy = window.healthy[lo:hi].copy()
+            scale = self._scale[node_ranks] if self._scale is not None else 1.0
+            healthy[:, node_ranks] += (peers - 1.0)[:, None] * (window.median[lo:hi, None] * scale)
             # Ranks slow all along the attribution window: stragglers of their own.
             steady = window.z[max(0, at - keep + 1) : hi].mean(axis=0)
             others = steady > 2.0 * float(k_base[row])

@@ -279,6 +279,7 @@ def _process(dets: Sequence[JobDetector], blocks: Sequence[Block]) -> list[bool]
         level,
         spread_of_levels,
         age / p.level_halflife_steps,
+        med_c,
     ]
     _keep_tails(dets, [j for j in range(jobs) if done[j]], tail, p.attribution_steps)
     return done

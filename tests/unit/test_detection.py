@@ -129,6 +129,26 @@ def test_one_slow_gpu_is_found_quickly_and_attributed() -> None:
     assert all(c is not None and c <= DetectionParams().min_job_loss_pct for c in costs), costs
 
 
+def test_a_slow_node_of_a_two_node_job_is_measured_against_the_other_node() -> None:
+    """Issue 36, class 2 (gauss seed 19 of the month benchmark, job 100118: a 16-GPU job's
+    node +77 % for 9.6 hours read +21 %, 16 % of the job's time, and was never evicted). In
+    a job of two nodes the job's median rank lies between them, so a slow node read about
+    half its slowdown and half what it costs the job. Against the other node's ranks: +50 %
+    reads +44-50 %, and the job's loss (28.8 % by its own step times) 24-28 %, not 13-15 %."""
+    slow = {r: step_change(0.5, 100) for r in range(8, 16)}
+    spec = JobSpec("2n", 16, 400, seed=4, compute_slow=slow)
+    reports = _reports(_run(spec))
+    assert {(e.node, e.scope) for e in reports} == {("n0001", "node")}
+    for event in reports:
+        assert 40.0 < event.slowdown_pct < 55.0, event
+        assert event.job_loss_pct is not None
+        assert 22.0 < event.job_loss_pct < 31.0, event
+    batch = generate(spec)
+    before = batch.step_s[(batch.step > 20) & (batch.step < 100)].mean()
+    after = batch.step_s[batch.step > 120].mean()
+    assert 100.0 * (1.0 - before / after) == pytest.approx(28.8, abs=0.1)
+
+
 def test_whole_slow_node_is_reported_once_with_scope_node() -> None:
     """All 8 GPUs of a node +8 %: one event for the node, scope node, all its ranks."""
     spec = JobSpec(
