@@ -101,10 +101,13 @@ def test_straggler_is_evicted_and_the_job_resumes_elsewhere(
     assert "the straggler cost" in page
     assert page.count("<svg") == 2
     # The run's first attempt as a trace (what `straggler demo` writes): the backtest on it
-    # finds node3 when the live service did and evicts nothing else. Whether it evicts at the
-    # report the service evicted on is not asserted: that report sits near the "not sure yet"
-    # margin (1 run in 4 here: 75 against 73 s), and the live detector saw the node's records
-    # a cycle at a time. tests/unit/test_real_runs.py holds two kept runs to every decision.
+    # finds node3 when the live service did and evicts nothing else; a report on another node
+    # before it is noise the policy does nothing about (six ranks share two cores: one run
+    # flagged node1 at the end of the warm-up, blending in, in the replay only). Whether it
+    # evicts at the report the service evicted on is not asserted: that report sits near the
+    # "not sure yet" margin (1 run in 4 here: 75 against 73 s), and the live detector saw the
+    # node's records a cycle at a time. tests/unit/test_real_runs.py holds two kept runs to
+    # every decision.
     trace = tmp_path / "trace.csv"
     assert write_run(run, summary, trace) > 0
     truth = json.loads(trace.with_name("trace.truth.json").read_text())
@@ -115,6 +118,9 @@ def test_straggler_is_evicted_and_the_job_resumes_elsewhere(
         context=read_context(trace),
     )
     stragglers = [d for d in result.detections if d["kind"] == "straggler"]
-    assert stragglers, result.detections
-    assert abs(stragglers[0]["step"] - truth["detection_step"]) <= 5, (stragglers[0], truth)
+    found = next((d for d in stragglers if d["node"] == SLOW_NODE), None)
+    assert found is not None, result.detections
+    assert abs(found["step"] - truth["detection_step"]) <= 5, (found, truth)
+    before = [d for d in stragglers if d["step"] < found["step"]]
+    assert all(d["action"] == "none" and d["node"] != SLOW_NODE for d in before), before
     assert [d["nodes"] for d in stragglers if d["action"] == "evict"] in ([], [["node3"]])
