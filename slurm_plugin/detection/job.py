@@ -33,7 +33,7 @@ from slurm_plugin.detection.charts import CAP, References, bank, references
 from slurm_plugin.detection.episodes import Episodes
 from slurm_plugin.detection.events import Event, StragglerEvent, SyncStallEvent
 from slurm_plugin.detection.params import F64, DetectionParams
-from slurm_plugin.detection.recheck import MAX_PEERS, tail_slowdown_pct
+from slurm_plugin.detection.recheck import even_spread, tail_slowdown_pct
 from slurm_plugin.detection.stats import (
     MAD_TO_SIGMA,
     cusum,
@@ -489,16 +489,14 @@ class JobDetector:
         return events
 
     def _peer_level(self, excess: F64, node_index: int) -> F64:
-        """Per row, the median compute of the ranks on other nodes (an even spread of
-        :data:`MAX_PEERS` at most: ~16 ms an event at 16,384 ranks for all of them), relative
+        """Per row, the median compute of the ranks on other nodes (:func:`even_spread`, as
+        the re-check's peers: ~16 ms an event at 16,384 ranks for all of them), relative
         to the job's median rank (1.0 for a job on one node, or a row where they measured
         nothing)."""
         rest = np.flatnonzero(self.rank_node != node_index)
         if not len(rest):
             return np.ones(len(excess))
-        if len(rest) > MAX_PEERS:
-            rest = rest[np.linspace(0, len(rest) - 1, MAX_PEERS).astype(np.int64)]
-        level = row_median(1.0 + excess[:, rest])
+        level = row_median(1.0 + excess[:, even_spread(rest)])
         return np.where(np.isfinite(level) & (level > 0), level, 1.0)
 
     def _rearmed(self, reported: tuple[int, float], step: Any, ts: Any) -> Any:

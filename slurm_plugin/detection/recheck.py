@@ -52,6 +52,11 @@ def still_pct(oldest_first: np.ndarray) -> float:
 MAX_PEERS = 4096
 
 
+def even_spread(ranks: np.ndarray) -> np.ndarray:
+    """At most :data:`MAX_PEERS` of ``ranks``, evenly spread over them (every one when fewer)."""
+    return ranks[:: max(1, -(-len(ranks) // MAX_PEERS))]
+
+
 def rank_factor(scale: np.ndarray, ranks: np.ndarray) -> np.ndarray:
     """Each of ``ranks``' by-design compute factor in ``scale`` (1 for a rank beyond it: one
     the detector did not know)."""
@@ -127,7 +132,7 @@ def tail_slowdown_pct(
         for mine, peers in structure_peers(scale, cols, others):
             if not len(peers):
                 continue
-            spread = peers[:: max(1, -(-len(peers) // MAX_PEERS))]
+            spread = even_spread(peers)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # a row none of them showed
                 base = np.nanmedian(excess[np.ix_(rows, spread)], axis=1)
