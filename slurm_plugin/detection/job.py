@@ -29,7 +29,7 @@ from slurm_plugin.detection.attribution import (
     transfer_excess,
 )
 from slurm_plugin.detection.block import MAX_ROWS, Block, what_if
-from slurm_plugin.detection.charts import CAP, References, bank, references
+from slurm_plugin.detection.charts import JobCharts
 from slurm_plugin.detection.episodes import Episodes
 from slurm_plugin.detection.events import Event, StragglerEvent, SyncStallEvent
 from slurm_plugin.detection.params import F64, DetectionParams
@@ -40,7 +40,6 @@ from slurm_plugin.detection.stats import (
     envelope,
     ewma,
     ewma_columns,
-    row_mad,
     row_median,
 )
 from slurm_plugin.detection.structure import Layout, Warmup
@@ -102,13 +101,7 @@ class JobDetector:
 
     def __post_init__(self) -> None:
         n = len(self.rank_node)
-        charts = self.params.charts
         self._spread = math.nan
-        self._node_spread = math.nan
-        self._rank_s = np.zeros((charts, n))
-        self._node_s = np.zeros((charts, len(self.node_names)))
-        self._end_rank = np.zeros(n)
-        self._end_node = np.zeros(len(self.node_names))
         self._input_s = np.zeros(n)
         # (node, kind) -> (step, time) from which its re-arm period counts (its last report).
         self._flagged: dict[tuple[str, str], tuple[int, float]] = {}
@@ -123,6 +116,14 @@ class JobDetector:
         nodes_sorted = self.rank_node[self._order]
         self._node_starts = np.flatnonzero(np.r_[True, nodes_sorted[1:] != nodes_sorted[:-1]])
         self._node_of_group = nodes_sorted[self._node_starts] if n else nodes_sorted
+        self._charts = JobCharts(
+            self.params,
+            self._order,
+            self._node_starts,
+            self._node_of_group,
+            len(self.node_names),
+            self._alpha,
+        )
         self._episodes = Episodes(
             self.params, self.node_names, self._order, self._node_starts, self._node_of_group
         )
@@ -246,7 +247,7 @@ class JobDetector:
         # policy's 40 % minimum on ranks with 1 % noise would never see a node 2x slow).
         k_base = np.clip(0.5 * p.min_slowdown_pct / 100.0 / spread, 0.1, 0.5 * p.clip)
         k_base = np.where(live, k_base, 1.0)
-        rank_hit, node_hit, ended = self._charts(z, c, k_base, live)
+        rank_hit, node_hit, ended = self._charts.run(z, c, k_base, live)
 
         med_d = row_median(b.data)
         excess_c = (c - med_c[:, None]) / med_c[:, None]
@@ -307,87 +308,6 @@ class JobDetector:
             if np.isfinite(spread[-1]):
                 self._level_spread = float(spread[-1])
         return level, spread, age / self.params.level_halflife_steps
-
-    # -- CUSUM banks -------------------------------------------------------------------------
-    def _charts(
-        self, z: F64, c: F64, k_base: F64, live: np.ndarray
-    ) -> tuple[F64, F64, dict[str, np.ndarray]]:
-        """Every chart over the block: per row, the ranks' and the nodes' largest S/h (0 where
-        none of its ranks measured the step), and whether each rank's and node's slowdown,
-        if any, has ended (:meth:`_ended`)."""
-        p = self.params
-        arl = p.false_alarm_arl * p.charts
-        ks = [k_base * 2.0**i for i in range(p.charts)]
-        node_z, node_measured, node_n = self._node_scores(z, c)
-        refs = references(ks, node_n, arl)
-        # A chart raises an alarm only on a step its rank (or a rank of its node) measured: a
-        # rank gone silent while its chart is high is not reported with nothing to show.
-        rank_hit = bank(z, ks, refs.rank_h, live, self._rank_s)
-        rank_hit = np.where(np.isfinite(c), rank_hit, 0.0)
-        node_hit = bank(node_z, refs.node_k, refs.node_h, live, self._node_s)
-        node_hit = np.where(node_measured, node_hit, 0.0)
-        return rank_hit, node_hit, self._ended(z, ks[0], node_z, refs, live)
-
-    def _ended(
-        self, z: F64, k: F64, node_z: F64, refs: References, live: np.ndarray
-    ) -> dict[str, np.ndarray]:
-        """Per row and rank, and per row and node: back under half the smallest slowdown
-        worth acting on. Downward CUSUMs (increments k - z-score) against a threshold
-        for ``END_ARL``: a shift that ended is seen as over within about h/k steps, however
-        long it lasted, where the alarm charts, holding evidence up to their cap, drain for
-        much longer in noisy jobs."""
-        h = refs.end_h[:, None]
-        node_k, node_h = refs.end_node_k, refs.end_node_h
-        # Capped at twice the threshold: one noisy step of a healthy rank never makes the
-        # node look slow again. Ranks and nodes side by side, as columns of one CUSUM.
-        ranks = z.shape[1]
-        both = cusum(
-            np.where(live[:, None], np.hstack([k[:, None] - z, node_k - node_z]), 0.0),
-            np.concatenate([self._end_rank, self._end_node]),
-            CAP * np.hstack([np.broadcast_to(h, z.shape), node_h]),
-        )
-        d, dn = both[:, :ranks], both[:, ranks:]
-        if len(d):
-            self._end_rank, self._end_node = d[-1].copy(), dn[-1].copy()
-        return {
-            "compute:rank": d >= h * (1.0 - 1e-9),
-            "compute:node": dn >= node_h * (1.0 - 1e-9),
-        }
-
-    def _node_scores(self, z: F64, c: F64) -> tuple[F64, np.ndarray, F64]:
-        """Per node: sum of its ranks' scores / sqrt(reporting ranks) (N(0,1) when healthy,
-        divided by the inflation when its ranks move together), whether any of its ranks
-        reported the step, and how many did."""
-        shape = (z.shape[0], len(self.node_names))
-        if not len(self.node_names) or not z.shape[1]:
-            return np.zeros(shape), np.zeros(shape, dtype=bool), np.ones(shape)
-        zs = z[:, self._order]
-        present = np.isfinite(c[:, self._order]).astype(np.float64)
-        sums = np.add.reduceat(zs, self._node_starts, axis=1)
-        counts = np.add.reduceat(present, self._node_starts, axis=1)
-        scores = sums / np.sqrt(np.maximum(counts, 1.0))
-        out = np.zeros(shape)
-        out[:, self._node_of_group] = scores / self._node_inflation(scores)[:, None]
-        measured = np.zeros(shape, dtype=bool)
-        measured[:, self._node_of_group] = counts > 0
-        reporting = np.ones(shape)
-        reporting[:, self._node_of_group] = np.maximum(counts, 1.0)
-        return out, measured, reporting
-
-    def _node_inflation(self, scores: F64) -> F64:
-        """Per row, how much wider the node scores spread across nodes than independent
-        ranks would make them (at least 1). A node's ranks that share one load each step (a
-        tensor-parallel group's sequence lengths) move together: they are one witness, not
-        eight. A robust spread across at least four nodes, smoothed over steps like the
-        ranks' spread, so a single slow node never widens it."""
-        rows = scores.shape[0]
-        if scores.shape[1] < 4 or not rows:
-            return np.ones(rows)
-        wide = row_mad(scores)
-        smooth = ewma(wide, self._alpha, self._node_spread)
-        if np.isfinite(smooth[-1]):
-            self._node_spread = float(smooth[-1])
-        return np.where(np.isfinite(smooth), np.maximum(1.0, np.fmax(smooth, wide)), 1.0)
 
     # -- attribution ---------------------------------------------------------------------------
     def recent_slowdown_pct(

@@ -38,7 +38,7 @@ from slurm_plugin.detection.stats import (
 )
 
 #: A job of this many nodes or more is never processed here: its node charts' spread across
-#: nodes (``JobDetector._node_inflation``) is state this module does not carry, and such a
+#: nodes (``JobCharts._node_inflation``) is state this module does not carry, and such a
 #: job amortises its own calls.
 MAX_NODES = 4
 #: Steps per job at most in one pass (the service brings a few per cycle; a replay brings
@@ -124,7 +124,7 @@ def _process(dets: Sequence[JobDetector], blocks: Sequence[Block]) -> list[bool]
     k_base = np.clip(0.5 * p.min_slowdown_pct / 100.0 / spread, 0.1, 0.5 * p.clip)
     k_base = np.where(live, k_base, 1.0)
     ks = [(k_base * 2.0**i).reshape(-1) for i in range(p.charts)]
-    node_z, node_measured, node_n = first._node_scores(z.reshape(flat), c.reshape(flat))
+    node_z, node_measured, node_n = first._charts.node_scores(z.reshape(flat), c.reshape(flat))
     refs = references(ks, node_n, p.false_alarm_arl * p.charts)
 
     def wide(values: F64, cols: int) -> F64:
@@ -136,7 +136,7 @@ def _process(dets: Sequence[JobDetector], blocks: Sequence[Block]) -> list[bool]
         return wide(np.repeat(values.reshape(jobs * rows, 1), cols, axis=1), cols)
 
     live_wide = per_row(live, ranks)
-    rank_s = np.concatenate([d._rank_s for d in dets], axis=1)  # charts x (jobs x ranks)
+    rank_s = np.concatenate([d._charts.rank_s for d in dets], axis=1)  # charts x (jobs x ranks)
     rank_hit = bank(
         wide(z, ranks),
         [per_row(k, ranks) for k in ks],
@@ -146,7 +146,7 @@ def _process(dets: Sequence[JobDetector], blocks: Sequence[Block]) -> list[bool]
     )
     rank_hit = np.where(np.isfinite(wide(c, ranks)), rank_hit, 0.0)
     node_live = per_row(live, nodes)
-    node_s = np.concatenate([d._node_s for d in dets], axis=1)
+    node_s = np.concatenate([d._charts.node_s for d in dets], axis=1)
     node_hit = bank(
         wide(node_z, nodes),
         [wide(k, nodes) for k in refs.node_k],
@@ -156,14 +156,17 @@ def _process(dets: Sequence[JobDetector], blocks: Sequence[Block]) -> list[bool]
     )
     node_hit = np.where(wide(node_measured, nodes), node_hit, 0.0)
 
-    # The end charts (JobDetector._ended): ranks and nodes as columns of one CUSUM.
+    # The end charts (JobCharts._ended): ranks and nodes as columns of one CUSUM.
     end_h = per_row(refs.end_h, ranks)
     end_node_h = wide(refs.end_node_h, nodes)
     end_inc = np.hstack(
         [per_row(ks[0], ranks) - wide(z, ranks), wide(refs.end_node_k - node_z, nodes)]
     )
     end_start = np.concatenate(
-        [np.concatenate([d._end_rank for d in dets]), np.concatenate([d._end_node for d in dets])]
+        [
+            np.concatenate([d._charts.end_rank for d in dets]),
+            np.concatenate([d._charts.end_node for d in dets]),
+        ]
     )
     both = cusum(
         np.where(np.hstack([live_wide, node_live]), end_inc, 0.0),
@@ -239,10 +242,10 @@ def _process(dets: Sequence[JobDetector], blocks: Sequence[Block]) -> list[bool]
             continue
         if math.isfinite(smooth[j, -1]):
             det._spread = float(smooth[j, -1])
-        det._rank_s = rank_s[:, j].copy()
-        det._node_s = node_s[:, j].copy()
-        det._end_rank = end_last_rank[j].copy()
-        det._end_node = end_last_node[j].copy()
+        det._charts.rank_s = rank_s[:, j].copy()
+        det._charts.node_s = node_s[:, j].copy()
+        det._charts.end_rank = end_last_rank[j].copy()
+        det._charts.end_node = end_last_node[j].copy()
         det._input_s = input_last[j].copy()
         det._level = level[j, -1].copy()
         det._level_steps = int(age[j, -1])
