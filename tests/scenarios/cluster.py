@@ -22,9 +22,11 @@ The distributions are shaped after public measurements (ranges, not fitted value
   Stragglers for Large-Scale Hybrid-Parallel Training", 2024: fail-slows are frequent, mostly
   transient, some lasting hours; Gunawi et al., "Fail-Slow at Scale", USENIX FAST 2018).
 - **By-design imbalance** is the commonest straggling in large jobs: pipeline stages
-  (the first and last compute longer), sequence-length imbalance shared by a tensor-parallel
-  group, MoE expert load that moves between ranks step to step, and mixed GPU models (Lin et
-  al., "Understanding Stragglers in Large Model Training Using What-if Analysis", OSDI 2025).
+  (the first and last compute longer; a two-node job lays 2, 4 or 8 stages over the GPUs
+  of its two nodes, so a stage fills a node or some of its GPUs), sequence-length imbalance
+  shared by a tensor-parallel group, MoE expert load that moves between ranks step to step,
+  and mixed GPU models (Lin et al., "Understanding Stragglers in Large Model Training Using
+  What-if Analysis", OSDI 2025).
   It is never a fault, and evicting for it never pays.
 - **Noise**, two models: ``gauss`` (the one the policy was tuned on): ~0.5-3 % per-step
   compute jitter, rare spikes up to +30 %; ``heavy`` (held out, never tuned on): per-rank
@@ -223,8 +225,12 @@ class _Builder:
         )
         # Structure spread over nodes needs at least two nodes of each kind: a single node slow
         # from the first step is indistinguishable from a faulty one (and is treated as one).
-        if world < 4 * GPUS_PER_NODE and structure in {"pipeline", "mixed_gpus", "first_stage"}:
+        # A two-node pipeline lays its stages over the GPUs of both nodes instead.
+        small = world < 4 * GPUS_PER_NODE
+        if small and structure in {"mixed_gpus", "first_stage"}:
             structure = "none"
+        elif small and structure == "pipeline":
+            structure = "pipeline" if world == 2 * GPUS_PER_NODE else "none"
         job = JobTruth(
             job_id=f"{100_000 + i}",
             world=world,
@@ -304,7 +310,16 @@ def _structure(
     static: np.ndarray = np.ones(n)
     labels = [""] * n
     kind = job.structure
-    if kind == "pipeline":
+    if kind == "pipeline" and nodes == 2:  # 2, 4 or 8 stages over the GPUs of two nodes
+        # Drawn from the job's own generator: the month's other jobs keep their draws.
+        own = np.random.default_rng([int(job.job_id), int(job.start_ts)])
+        stages = int(own.choice([2, 4, 8]))
+        stage = np.arange(n) * stages // n
+        offsets = own.uniform(0.0, 0.3, size=stages)
+        offsets[0] = 0.0
+        static = 1.0 + offsets[stage]
+        labels = [f"stage{s}" for s in stage]
+    elif kind == "pipeline":
         stages = int(min(nodes // 2, rng.choice([2, 4, 8])))  # at least 2 nodes a stage
         stage = node_of * stages // nodes
         offsets = rng.uniform(0.0, 0.3, size=stages)
