@@ -12,7 +12,9 @@ slowdown began; one report while a real slowdown's level builds up does). Episod
 per GPU: one GPU's report goes on from that GPU's episode or from a node-wide one, never from
 another GPU's (a burst on GPU 5 does not make GPU 0's later fault look as old as the burst);
 a node-wide report goes on from any of the node's episodes. Reports that cost the job nothing
-end the node's episodes and keep episodes of their own (:data:`COSTLESS`).
+end the node's episodes and keep episodes of their own (:data:`COSTLESS`). A report that goes
+on from an episode there from the job's first steps is from the start too (a burst on a node
+that may be a pipeline stage is no new slowdown of its own).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from slurm_plugin.detection.params import F64, DetectionParams
 #: while the job's own slowdowns never date from them.
 COSTLESS = "compute:costless"
 
+#: An open episode: since, the last report's step and time, stood out, from the start.
+_Episode = tuple[float, int, float, bool, bool]
+
 
 @dataclass
 class Episodes:
@@ -43,10 +48,9 @@ class Episodes:
     node_starts: np.ndarray
     node_of_group: np.ndarray
     #: (node, kind) -> per end chart that tells it is over (one GPU's, the node's): when its
-    #: slowdown began, step and time of its last report, and whether any report stood out.
-    _open: dict[tuple[str, str], dict[tuple[str, int], tuple[float, int, float, bool]]] = field(
-        default_factory=dict
-    )
+    #: slowdown began, step and time of its last report, whether any report stood out, and
+    #: whether it was there from the first steps (``StragglerEvent.from_start``).
+    _open: dict[tuple[str, str], dict[tuple[str, int], _Episode]] = field(default_factory=dict)
     #: Per end chart, the current block's rows x columns on which the slowdown was over, the
     #: block's times; and per chart and column the last such time before the block.
     _calm: dict[str, np.ndarray] = field(default_factory=dict)
@@ -95,8 +99,8 @@ class Episodes:
         episodes = self._open.setdefault((event.node, kind), {})
         watch = self._watch(event, kind)
         since = event.since_ts
-        stood_out = not event.blends_in
-        for earlier, (start, step, ts, confirmed) in episodes.items():
+        stood_out, from_start = not event.blends_in, event.from_start
+        for earlier, (start, step, ts, confirmed, initial) in episodes.items():
             if (
                 self._goes_on(earlier, watch)
                 and (event.step - step <= 2 * p.rearm_steps or event.ts - ts <= 2 * p.rearm_s)
@@ -104,11 +108,14 @@ class Episodes:
             ):
                 since = start if since is None else min(start, since)
                 stood_out = stood_out or confirmed
+                from_start = from_start or initial  # a burst on a node slow from the start
         if not stood_out and since is not None:
             since = max(since, event.ts - 2 * p.rearm_s)  # noise so far: not far back
         start = since if since is not None else event.ts
-        episodes[watch] = (start, event.step, event.ts, stood_out)
-        return replace(event, since_ts=since) if since != event.since_ts else event
+        episodes[watch] = (start, event.step, event.ts, stood_out, from_start)
+        if since == event.since_ts and from_start == event.from_start:
+            return event
+        return replace(event, since_ts=since, from_start=from_start)
 
     @staticmethod
     def _goes_on(earlier: tuple[str, int], now: tuple[str, int]) -> bool:

@@ -50,6 +50,13 @@ class StragglerEvent(_Json):
     #: too few ranks to tell).
     level_z: float | None = None
     level_z_min: float | None = None
+    #: Its ranks (no labels said what they do) were as slow through the warm-up, the first
+    #: steps the detector saw: a fault present from the job's start, or an offset of the
+    #: job's design (a pipeline stage) that a job of too few nodes cannot show as structure.
+    from_start: bool = False
+    #: How many of the job's ranks run on the node (None: unknown, a record of an earlier
+    #: release): ``ranks`` short of it on a node-wide report are some of its GPUs.
+    node_ranks: int | None = None
 
     @property
     def blends_in(self) -> bool:

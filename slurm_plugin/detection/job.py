@@ -419,6 +419,18 @@ class JobDetector:
         level = row_median(1.0 + excess[:, even_spread(rest)])
         return np.where(np.isfinite(level) & (level > 0), level, 1.0)
 
+    def _from_start(self, ranks: list[int], node_index: int, slowdown_pct: float) -> bool:
+        """:attr:`StragglerEvent.from_start`: unlabelled ranks that computed slower than the
+        other nodes' ranks through the warm-up by at least half the slowdown reported now."""
+        group = self.rank_group
+        labelled = len(group) == self.world and bool((group[ranks] >= 0).any())
+        rest = np.flatnonzero(self.rank_node != node_index)
+        if labelled or not len(rest) or not slowdown_pct > 0:
+            return False
+        mine = np.asarray(ranks, dtype=np.int64)
+        excess = structure.warm_excess(self._warm, self._offset, mine, even_spread(rest))
+        return math.isfinite(excess) and excess >= 0.5 * math.log1p(slowdown_pct / 100.0)
+
     def _rearmed(self, reported: tuple[int, float], step: Any, ts: Any) -> Any:
         """A re-arm period (steps or seconds, whichever first) has passed since ``reported``."""
         p = self.params
@@ -509,4 +521,6 @@ class JobDetector:
             job_loss_pct=job_loss,
             level_z=level_z,
             level_z_min=level_bar,
+            from_start=kind == "compute" and self._from_start(ranks, node_index, slowdown),
+            node_ranks=len(node_ranks),
         )

@@ -5,7 +5,8 @@ nodes, and a local GPU position that is offset on most nodes (each node holds a 
 pipeline) are structure, not stragglers: from then on each is compared with its own baseline.
 A lone rank or a single node that is slow from the start stays a straggler, and so do nodes
 slow from the start that other jobs saw slow too (``Layout.suspect``): an offset that only
-such nodes share is their fault, not this job's structure.
+such nodes share is their fault, not this job's structure, also when a label names them a
+stage of their own (a two-node pipeline's stage fills one node).
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ def learn(warm: Warmup, layout: Layout, p: DetectionParams) -> tuple[F64, list[d
     inferred = labels < 0
     for label in np.unique(labels[labels >= 0]).tolist():
         members = np.flatnonzero((labels == label) & np.isfinite(base))
+        if _only_on(members, layout.suspect, layout) and float(np.median(base[members])) > 0:
+            continue  # a slower stage held only by nodes slow elsewhere: its offset is theirs
         if len(members) >= 3:
             groups.append(members)  # labelled: always compared within the group
         else:  # too small a group to compare within: its structure is inferred
@@ -105,6 +108,13 @@ def learn(warm: Warmup, layout: Layout, p: DetectionParams) -> tuple[F64, list[d
             }
         )
     return offsets, found
+
+
+def _only_on(members: np.ndarray, nodes: frozenset[int], layout: Layout) -> bool:
+    """``members`` all run on ``nodes`` (a labelled stage on one or two suspect nodes of a
+    small job: a fault of theirs from the first step sits in its offset, never reported;
+    a faster stage there is still the job's design, measured against the other nodes)."""
+    return bool(nodes) and len(members) > 0 and set(layout.rank_node[members].tolist()) <= nodes
 
 
 def _nothing_to_learn(layout: Layout, p: DetectionParams) -> bool:
@@ -230,3 +240,13 @@ def _gpu_positions(
         if len(np.unique(layout.rank_node[agree])) >= needed:
             found.append(at)
     return found
+
+
+def warm_excess(warm: Warmup, offset: F64, ranks: np.ndarray, others: np.ndarray) -> float:
+    """How much slower (log) ``ranks`` computed than ``others`` through the warm-up, with
+    what was taken for structure divided out (NaN: either measured nothing)."""
+    mean = np.where(warm.n > 0, warm.log / np.maximum(warm.n, 1), np.nan) - offset
+    mine, theirs = mean[ranks], mean[others]
+    if not (np.isfinite(mine).any() and np.isfinite(theirs).any()):
+        return math.nan
+    return float(np.nanmean(mine) - np.nanmedian(theirs))

@@ -312,9 +312,36 @@ def _blockers(
             f"excluding {node} would leave {left} usable nodes in partition "
             f"{job.partition}; the job needs {needed}"
         )
+    if _maybe_a_stage(event, job, ctx):
+        reasons.append(
+            f"{len(event.ranks)} of {node}'s GPUs have been slow since the job's first steps, "
+            "as a pipeline stage laid over them would be (the job has no labels and too few "
+            f"nodes to learn its stages), and no other job saw {node} slow: waiting for "
+            "another job's word"
+        )
     if cluster.evictions_last_hour >= safety.max_evictions_per_hour:
         reasons.append(f"eviction budget spent ({cluster.evictions_last_hour} in the last hour)")
     return reasons
+
+
+#: A job on fewer nodes cannot show a pipeline stage that fills one node as structure: the
+#: detector learns a stage only where it spans two nodes or more, and two more hold the rest.
+FEW_NODES = 4
+
+
+def _maybe_a_stage(event: StragglerEvent, job: JobInfo, ctx: JobContext) -> bool:
+    """A pipeline stage laid over some of a node's GPUs (issue class 6): ranks slow since the
+    job's first steps (:attr:`StragglerEvent.from_start`, never with labels), more than one
+    GPU of the node but not all of it, in a job of fewer than :data:`FEW_NODES` nodes, on a
+    node no other job saw slow. A fault slows one GPU or the whole node; a stage of a
+    two-node job fills whole GPU positions. Not evicted: noted, it enters node history, and
+    another job's word on the node decides. One GPU, or the whole node, is evicted as any
+    straggler (a whole node may be a stage too, but nothing tells, and a requeue of a small
+    job costs less than a fault left for the rest of its life)."""
+    nodes = max(job.node_count, len(job.nodes))
+    whole = event.node_ranks if event.node_ranks is not None else len(event.ranks)
+    block = event.scope == "node" and 1 < len(event.ranks) < whole
+    return event.from_start and block and nodes < FEW_NODES and ctx.node_incidents == 0
 
 
 def _switches(cluster: ClusterContext) -> list[str]:

@@ -74,7 +74,18 @@ def waiting_of(rec: DecisionRecord, since: float | None) -> Waiting | None:
 
 #: What a candidate keeps of its own event (beside node, ranks and its incidents).
 _CANDIDATE_FIELDS = frozenset(
-    {"slowdown_pct", "since_ts", "job_loss_pct", "cause", "scope", "gpu", "level_z", "level_z_min"}
+    {
+        "slowdown_pct",
+        "since_ts",
+        "job_loss_pct",
+        "cause",
+        "scope",
+        "gpu",
+        "level_z",
+        "level_z_min",
+        "from_start",
+        "node_ranks",
+    }
 )
 
 
@@ -118,6 +129,8 @@ def _event(
         job_loss_pct=_number(pick("job_loss_pct")),
         level_z=_number(pick("level_z")),
         level_z_min=_number(pick("level_z_min")),
+        from_start=pick("from_start") is True,
+        node_ranks=_count(pick("node_ranks")),
     )
 
 
@@ -134,3 +147,9 @@ def _number(value: Any) -> float | None:
 
 def _int(value: Any) -> int:
     return int(_number(value) or 0)
+
+
+def _count(value: Any) -> int | None:
+    """A count a record kept, or None when missing or unreadable."""
+    number = _number(value)
+    return int(number) if number is not None and number >= 0 else None

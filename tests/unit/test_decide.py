@@ -503,3 +503,40 @@ def test_a_slow_gpu_the_job_does_not_wait_for_is_a_slow_node_not_a_slowdown() ->
     for neither in (replace(event, level_z=3.0), replace(event, slowdown_pct=2.0)):
         assert not is_node_slow(neither, evict)
         assert not is_slowdown(neither, evict)
+
+
+def test_some_gpus_slow_from_the_first_step_of_a_small_job_wait_for_another_jobs_word() -> None:
+    """Issue 36, class 6: a two-node job without labels whose node has GPUs 4-7 +20 % since
+    the job's first steps may be a pipeline stage laid over them (nothing in its timings
+    tells, and a fault slows one GPU or the whole node): not evicted while no other job saw
+    the node slow, only noted. Seen slow by another job, on a job of four nodes (where a
+    stage would show on two), slow since later in the job, one GPU or the whole node: it is
+    evicted as any straggler."""
+    spare = tuple(NodeInfo(f"node{i}", "idle", (), "", ("debug",)) for i in range(5, 9))
+    evict, cluster = POLICIES["evict"], ClusterContext(nodes=NODES + spare)
+    two = _job(nodes=("node2", "node3"), node_count=2)
+    event = replace(
+        _event(20.0, lasted_s=3600.0),
+        gpu=None,
+        ranks=[12, 13, 14, 15],
+        scope="node",
+        from_start=True,
+        node_ranks=8,
+    )
+    d = decide(event, two, evict, JobContext(), cluster, NOW)
+    assert d.action == "annotate"
+    says = "4 of node3's GPUs have been slow since the job's first steps"
+    assert any(says in r for r in d.reasons)
+    assert any("no other job saw node3 slow" in r for r in d.reasons)
+    seen = decide(event, two, evict, JobContext(node_incidents=1), cluster, NOW)
+    assert seen.action == "evict"
+    four = _job(nodes=("node1", "node2", "node3", "node4"), node_count=4)
+    whole = replace(event, ranks=list(range(8, 16)))
+    one = replace(event, gpu=5, ranks=[13], scope="gpu")
+    for evicted, job in (
+        (event, four),
+        (replace(event, from_start=False), two),
+        (whole, two),
+        (one, two),
+    ):
+        assert decide(evicted, job, evict, JobContext(), cluster, NOW).action == "evict"

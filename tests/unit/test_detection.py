@@ -149,6 +149,28 @@ def test_a_slow_node_of_a_two_node_job_is_measured_against_the_other_node() -> N
     assert 100.0 * (1.0 - before / after) == pytest.approx(28.8, abs=0.1)
 
 
+def test_ranks_slow_since_the_first_step_are_reported_as_slow_from_the_start() -> None:
+    """Issue 36, class 6: a two-node job of four pipeline stages laid over its GPUs, the
+    last (GPUs 4-7 of the second node) +20 % by design. Nothing in the job can show that
+    offset as structure (it is on one node), so it is reported, and says it was there from
+    the first steps: the policy's cue that it may be the job's own design. The same ranks
+    slowing down later in the job are not from the start, nor are they with labels that say
+    every rank does the same work (then a node slow from the start is a fault)."""
+    stage = dict.fromkeys(range(12, 16), step_change(0.2, 0))
+    reports = _reports(_run(JobSpec("pp", 16, 400, seed=7, compute_slow=stage)))
+    assert reports
+    assert {e.node for e in reports} == {"n0001"}
+    assert all(e.from_start for e in reports)
+    later = dict.fromkeys(range(12, 16), step_change(0.2, 150))
+    reports = _reports(_run(JobSpec("pp", 16, 400, seed=7, compute_slow=later)))
+    assert reports
+    assert not any(e.from_start for e in reports)
+    same_work = dict.fromkeys(range(16), "dp")
+    labelled = _run(JobSpec("pp", 16, 400, seed=7, compute_slow=stage, groups=same_work))
+    assert _reports(labelled)
+    assert not any(e.from_start for e in _reports(labelled))
+
+
 def test_whole_slow_node_is_reported_once_with_scope_node() -> None:
     """All 8 GPUs of a node +8 %: one event for the node, scope node, all its ranks."""
     spec = JobSpec(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from slurm_plugin.detection.episodes import Episodes
@@ -124,3 +126,21 @@ def test_reports_that_cost_nothing_have_episodes_of_their_own() -> None:
     assert paid.since_ts is None  # the job's slowdown begins now
     later = episodes.same_episode(_report(1030.0, loss=0.0), "compute")
     assert later.since_ts == 100.0  # the node's own slowness goes on
+
+
+def test_a_report_that_goes_on_from_a_slowdown_there_from_the_start_is_from_the_start() -> None:
+    """Issue 36, class 6 (gauss seed 6 with two-node pipelines, job 100033): a node slow
+    since the job's first steps (a pipeline stage, or a fault: nothing tells) was noted, not
+    evicted; a burst on it half an hour later read a new, larger slowdown that was not there
+    at the start, went on from the node's episode ("lasted 1,400 s") and was evicted. It is
+    the same slowdown going on: from the start too. A new episode is not."""
+    episodes = _episodes()
+    first = replace(_report(100.0, gpu=None), from_start=True)
+    assert episodes.same_episode(first, "compute").from_start
+    burst = episodes.same_episode(_report(130.0, gpu=None), "compute")
+    assert burst.from_start
+    assert burst.since_ts == 100.0
+    other = episodes.same_episode(_report(130.0, node="n2"), "compute")
+    assert not other.from_start
+    later = episodes.same_episode(_report(9000.0, gpu=None), "compute")  # long after: new
+    assert not later.from_start

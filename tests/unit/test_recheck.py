@@ -85,7 +85,7 @@ def test_a_waiting_decision_keeps_its_candidates_through_its_record() -> None:
     """The lifecycle's waiting state survives the record: the decision's own event first,
     each node flagged after it with its own event and incidents; a record of 0.1 (candidates
     as node and ranks only) still reads, each candidate on the first event's numbers."""
-    first = _event("node3", [4, 5])
+    first = replace(_event("node3", [4, 5]), from_start=True, node_ranks=8)
     joined = replace(
         _event("node1", [0]), slowdown_pct=33.0, since_ts=12.0, level_z=2.5, level_z_min=4.1
     )
@@ -110,6 +110,11 @@ def test_a_waiting_decision_keeps_its_candidates_through_its_record() -> None:
     assert back.candidates[1].event.level_z == pytest.approx(2.5)
     assert back.candidates[1].event.level_z_min == pytest.approx(4.1)
     assert back.event.ranks == [4, 5]
+    # Some GPUs of a small job slow from its first steps stay so while it waits (class 6).
+    assert back.event.from_start
+    assert back.event.node_ranks == 8
+    assert not back.candidates[1].event.from_start
+    assert back.candidates[1].event.node_ranks is None
     old = {**rec, "candidates": json.dumps([{"node": "node1", "ranks": [0]}])}
     del old["event"]
     back = waiting_of(read(old, "d1"), None)

@@ -334,3 +334,34 @@ def test_a_job_on_one_node_learns_what_the_whole_arithmetic_learns(
     whole = structure.learn(warm, layout, params)
     assert found == whole[1]
     assert np.array_equal(offsets, whole[0])
+
+
+def test_a_labelled_stage_held_only_by_a_node_slow_elsewhere_is_not_structure() -> None:
+    """Issue 36, class 6 (gauss month seed 1 with two-node pipelines, job 100100): a 16-GPU
+    job of two labelled stages, one a node; that node is +30 % from the first step and other
+    jobs saw it slow lately. Its stage's offset is its fault: reported (it was taken for the
+    stage's design and never reported). The same stage on a node no other job saw slow
+    stays the job's structure."""
+    slow, labels = pipeline(16, [0.0, 0.3])
+    spec = JobSpec("pp2", 16, 400, seed=3, compute_slow=slow, groups=labels)
+    quiet, _ = _events(spec)
+    assert not [e for e in quiet if e.cause == "compute"]
+    det = Detector()
+    det.suspect("pp2", ["n0001"])
+    det.add("pp2", generate(spec))
+    found = [e for e in det.advance(final=True) if isinstance(e, StragglerEvent)]
+    assert {e.node for e in found} == {"n0001"}
+    assert all(e.slowdown_pct > 20.0 and not e.from_start for e in found)
+
+
+def test_a_labelled_faster_stage_on_a_node_slow_elsewhere_is_still_structure() -> None:
+    """Gauss month seed 3 with two-node pipelines (job 100074): the node other jobs saw slow
+    held the *faster* of two labelled stages. Taken for no structure, it made the healthy
+    slower stage's node read +14 % against it, and that node was evicted. A faster stage is
+    no fault of its nodes: it stays structure, and nothing is reported."""
+    slow, labels = pipeline(16, [0.0, 0.3])
+    det = Detector()
+    det.suspect("pp3", ["n0000"])
+    det.add("pp3", generate(JobSpec("pp3", 16, 400, seed=3, compute_slow=slow, groups=labels)))
+    found = [e for e in det.advance(final=True) if isinstance(e, StragglerEvent)]
+    assert not [e for e in found if e.cause == "compute" and e.slowdown_pct > 5.0], found
