@@ -94,6 +94,8 @@ class Replay:
     on_evict: Callable[[Evict, float], None] | None = None
     #: Per job, the structure its newest decided event came with (what the re-check uses).
     _scale: dict[str, np.ndarray | None] = field(default_factory=dict)
+    #: Per job, the attempt it was requeued from for a slowdown there since its first steps.
+    from_start_requeued: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         codes = self.trace.job_code
@@ -198,6 +200,7 @@ class Replay:
             checkpoint_period_s=_period(known),
             waiting_since=waiting.state.since if waiting else None,
             node_incidents=node_incidents,
+            from_start_requeued=self.from_start_requeued.get(job_id),
         )
 
     def _world(self, job_id: str, now: float) -> World:
@@ -265,6 +268,8 @@ class Replay:
         """One effect of the lifecycle, in memory (``row``: the decision's backtest row)."""
         if isinstance(effect, Evict):
             self.evictions.setdefault(job_id, []).append(now)
+            if effect.event.from_start:
+                self.from_start_requeued[job_id] = effect.event.attempt
             self.excluded.setdefault(job_id, set()).update(effect.nodes)
             row.update(_row(effect.decision), action="evict", **effect.extra)
             row["nodes"] = list(effect.nodes)

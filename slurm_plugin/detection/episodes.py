@@ -13,8 +13,9 @@ per GPU: one GPU's report goes on from that GPU's episode or from a node-wide on
 another GPU's (a burst on GPU 5 does not make GPU 0's later fault look as old as the burst);
 a node-wide report goes on from any of the node's episodes. Reports that cost the job nothing
 end the node's episodes and keep episodes of their own (:data:`COSTLESS`). A report that goes
-on from an episode there from the job's first steps is from the start too (a burst on a node
-that may be a pipeline stage is no new slowdown of its own).
+on from an episode there from the job's first steps is from the start too, and maybe a stage
+where that one was (a burst on GPUs that may be a pipeline stage is no new slowdown of its
+own).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from slurm_plugin.detection.params import F64, DetectionParams
 #: while the job's own slowdowns never date from them.
 COSTLESS = "compute:costless"
 
-#: An open episode: since, the last report's step and time, stood out, from the start.
-_Episode = tuple[float, int, float, bool, bool]
+#: An open episode: since, the last report's step and time, stood out, from the start, and
+#: maybe a pipeline stage (``StragglerEvent.from_start``, ``maybe_a_stage``).
+_Episode = tuple[float, int, float, bool, bool, bool]
 
 
 @dataclass
@@ -99,8 +101,8 @@ class Episodes:
         episodes = self._open.setdefault((event.node, kind), {})
         watch = self._watch(event, kind)
         since = event.since_ts
-        stood_out, from_start = not event.blends_in, event.from_start
-        for earlier, (start, step, ts, confirmed, initial) in episodes.items():
+        stood_out, from_start, stage = not event.blends_in, event.from_start, event.maybe_a_stage
+        for earlier, (start, step, ts, confirmed, initial, staged) in episodes.items():
             if (
                 self._goes_on(earlier, watch)
                 and (event.step - step <= 2 * p.rearm_steps or event.ts - ts <= 2 * p.rearm_s)
@@ -109,13 +111,14 @@ class Episodes:
                 since = start if since is None else min(start, since)
                 stood_out = stood_out or confirmed
                 from_start = from_start or initial  # a burst on a node slow from the start
+                stage = stage or staged
         if not stood_out and since is not None:
             since = max(since, event.ts - 2 * p.rearm_s)  # noise so far: not far back
         start = since if since is not None else event.ts
-        episodes[watch] = (start, event.step, event.ts, stood_out, from_start)
-        if since == event.since_ts and from_start == event.from_start:
+        episodes[watch] = (start, event.step, event.ts, stood_out, from_start, stage)
+        if (since, from_start, stage) == (event.since_ts, event.from_start, event.maybe_a_stage):
             return event
-        return replace(event, since_ts=since, from_start=from_start)
+        return replace(event, since_ts=since, from_start=from_start, maybe_a_stage=stage)
 
     @staticmethod
     def _goes_on(earlier: tuple[str, int], now: tuple[str, int]) -> bool:

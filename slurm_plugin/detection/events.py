@@ -9,6 +9,10 @@ from typing import Any, Literal
 Cause = Literal["compute", "input"]
 Scope = Literal["gpu", "node"]
 
+#: A job on fewer nodes cannot show a pipeline stage on one node as structure: the detector
+#: learns a stage only where it spans two nodes or more, and two more hold the rest.
+STAGE_MIN_JOB_NODES = 4
+
 
 class _Json:
     """``to_dict``: the JSON-ready form of a dataclass event."""
@@ -54,9 +58,11 @@ class StragglerEvent(_Json):
     #: steps the detector saw: a fault present from the job's start, or an offset of the
     #: job's design (a pipeline stage) that a job of too few nodes cannot show as structure.
     from_start: bool = False
-    #: How many of the job's ranks run on the node (None: unknown, a record of an earlier
-    #: release): ``ranks`` short of it on a node-wide report are some of its GPUs.
-    node_ranks: int | None = None
+    #: Some GPUs of the node (more than one, not all) were as slow from the first steps, in
+    #: a job of fewer than :data:`STAGE_MIN_JOB_NODES` nodes (too few to learn its stages):
+    #: a pipeline stage laid over those GPUs looks the same, where a fault slows one GPU or
+    #: the whole node.
+    maybe_a_stage: bool = False
 
     @property
     def blends_in(self) -> bool:

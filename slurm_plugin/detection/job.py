@@ -31,7 +31,12 @@ from slurm_plugin.detection.attribution import (
 from slurm_plugin.detection.block import MAX_ROWS, Block, what_if
 from slurm_plugin.detection.charts import JobCharts
 from slurm_plugin.detection.episodes import Episodes
-from slurm_plugin.detection.events import Event, StragglerEvent, SyncStallEvent
+from slurm_plugin.detection.events import (
+    STAGE_MIN_JOB_NODES,
+    Event,
+    StragglerEvent,
+    SyncStallEvent,
+)
 from slurm_plugin.detection.params import F64, DetectionParams
 from slurm_plugin.detection.recheck import even_spread, tail_slowdown_pct
 from slurm_plugin.detection.stats import (
@@ -419,17 +424,25 @@ class JobDetector:
         level = row_median(1.0 + excess[:, even_spread(rest)])
         return np.where(np.isfinite(level) & (level > 0), level, 1.0)
 
-    def _from_start(self, ranks: list[int], node_index: int, slowdown_pct: float) -> bool:
-        """:attr:`StragglerEvent.from_start`: unlabelled ranks that computed slower than the
-        other nodes' ranks through the warm-up by at least half the slowdown reported now."""
+    def _from_start(
+        self, ranks: list[int], node_index: int, slowdown_pct: float
+    ) -> tuple[bool, bool]:
+        """:attr:`StragglerEvent.from_start` and :attr:`StragglerEvent.maybe_a_stage`:
+        unlabelled ranks that computed slower than the other nodes' ranks through the warm-up
+        by at least half the slowdown reported now, and how many of the node's GPUs did."""
         group = self.rank_group
         labelled = len(group) == self.world and bool((group[ranks] >= 0).any())
         rest = np.flatnonzero(self.rank_node != node_index)
         if labelled or not len(rest) or not slowdown_pct > 0:
-            return False
-        mine = np.asarray(ranks, dtype=np.int64)
-        excess = structure.warm_excess(self._warm, self._offset, mine, even_spread(rest))
-        return math.isfinite(excess) and excess >= 0.5 * math.log1p(slowdown_pct / 100.0)
+            return False, False
+        on_node = np.flatnonzero(self.rank_node == node_index)
+        excess = structure.warm_excess(self._warm, self._offset, on_node, even_spread(rest))
+        bar = 0.5 * math.log1p(slowdown_pct / 100.0)
+        mine = excess[np.isin(on_node, ranks)]
+        start = bool(np.isfinite(mine).any() and np.nanmean(mine) >= bar)
+        slow = int(np.sum(excess >= bar))
+        few = len(self._node_of_group) < STAGE_MIN_JOB_NODES
+        return start, start and few and 1 < slow < len(on_node)
 
     def _rearmed(self, reported: tuple[int, float], step: Any, ts: Any) -> Any:
         """A re-arm period (steps or seconds, whichever first) has passed since ``reported``."""
@@ -503,6 +516,9 @@ class JobDetector:
             if kind == "compute"
             else (None, None)
         )
+        start, stage = (
+            self._from_start(ranks, node_index, slowdown) if kind == "compute" else (False, False)
+        )
         # It began when the step before its first slow one ended.
         since = float(window.ts[lo - 1] if lo > 0 else window.ts[lo])
         return StragglerEvent(
@@ -521,6 +537,6 @@ class JobDetector:
             job_loss_pct=job_loss,
             level_z=level_z,
             level_z_min=level_bar,
-            from_start=kind == "compute" and self._from_start(ranks, node_index, slowdown),
-            node_ranks=len(node_ranks),
+            from_start=start,
+            maybe_a_stage=stage,
         )

@@ -242,11 +242,13 @@ def _gpu_positions(
     return found
 
 
-def warm_excess(warm: Warmup, offset: F64, ranks: np.ndarray, others: np.ndarray) -> float:
-    """How much slower (log) ``ranks`` computed than ``others`` through the warm-up, with
-    what was taken for structure divided out (NaN: either measured nothing)."""
+def warm_excess(warm: Warmup, offset: F64, ranks: np.ndarray, others: np.ndarray) -> F64:
+    """Per rank of ``ranks``, how much slower (log) it computed than ``others`` (their
+    median) through the warm-up, with what was taken for structure divided out (NaN: it, or
+    all of them, measured nothing)."""
     mean = np.where(warm.n > 0, warm.log / np.maximum(warm.n, 1), np.nan) - offset
-    mine, theirs = mean[ranks], mean[others]
-    if not (np.isfinite(mine).any() and np.isfinite(theirs).any()):
-        return math.nan
-    return float(np.nanmean(mine) - np.nanmedian(theirs))
+    theirs = mean[others]
+    if not np.isfinite(theirs).any():
+        return np.full(len(ranks), np.nan)
+    excess: F64 = mean[ranks] - float(np.nanmedian(theirs))
+    return excess

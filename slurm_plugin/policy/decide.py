@@ -32,6 +32,9 @@ class JobContext:
     waiting_since: float | None = None
     #: Other jobs that saw the event's node slow within ``recent_days`` (its past).
     node_incidents: int = 0
+    #: The attempt the job was requeued from for a slowdown there since its first steps
+    #: (``StragglerEvent.from_start``; None: none was).
+    from_start_requeued: int | None = None
 
 
 @dataclass(frozen=True)
@@ -312,36 +315,33 @@ def _blockers(
             f"excluding {node} would leave {left} usable nodes in partition "
             f"{job.partition}; the job needs {needed}"
         )
-    if _maybe_a_stage(event, job, ctx):
+    came_back = ctx.from_start_requeued
+    if event.from_start and came_back is not None and event.attempt > came_back:
         reasons.append(
-            f"{len(event.ranks)} of {node}'s GPUs have been slow since the job's first steps, "
-            "as a pipeline stage laid over them would be (the job has no labels and too few "
-            f"nodes to learn its stages), and no other job saw {node} slow: waiting for "
-            "another job's word"
+            f"the job was requeued from attempt {came_back} for a slowdown there since its "
+            f"first steps, and this attempt is slow since its first steps again ({node}): "
+            "the job's own design (a pipeline stage on one node), not a node's fault"
+        )
+    if _maybe_a_stage(event, ctx):
+        reasons.append(
+            f"{node}'s GPUs slow since the job's first steps may be a pipeline stage laid over "
+            "them (some of its GPUs, no labels, a job of too few nodes to learn its stages), "
+            f"and no other job saw {node} slow: waiting for another job's word"
         )
     if cluster.evictions_last_hour >= safety.max_evictions_per_hour:
         reasons.append(f"eviction budget spent ({cluster.evictions_last_hour} in the last hour)")
     return reasons
 
 
-#: A job on fewer nodes cannot show a pipeline stage that fills one node as structure: the
-#: detector learns a stage only where it spans two nodes or more, and two more hold the rest.
-FEW_NODES = 4
-
-
-def _maybe_a_stage(event: StragglerEvent, job: JobInfo, ctx: JobContext) -> bool:
-    """A pipeline stage laid over some of a node's GPUs (issue class 6): ranks slow since the
-    job's first steps (:attr:`StragglerEvent.from_start`, never with labels), more than one
-    GPU of the node but not all of it, in a job of fewer than :data:`FEW_NODES` nodes, on a
-    node no other job saw slow. A fault slows one GPU or the whole node; a stage of a
-    two-node job fills whole GPU positions. Not evicted: noted, it enters node history, and
-    another job's word on the node decides. One GPU, or the whole node, is evicted as any
-    straggler (a whole node may be a stage too, but nothing tells, and a requeue of a small
-    job costs less than a fault left for the rest of its life)."""
-    nodes = max(job.node_count, len(job.nodes))
-    whole = event.node_ranks if event.node_ranks is not None else len(event.ranks)
-    block = event.scope == "node" and 1 < len(event.ranks) < whole
-    return event.from_start and block and nodes < FEW_NODES and ctx.node_incidents == 0
+def _maybe_a_stage(event: StragglerEvent, ctx: JobContext) -> bool:
+    """Issue 36, class 6: GPUs that may be a pipeline stage laid over them
+    (:attr:`StragglerEvent.maybe_a_stage`), on a node no other job saw slow, are not evicted:
+    noted, and another job's word on the node decides (they never count in node history
+    themselves: a two-node pipeline run again on the same nodes would mark a healthy one).
+    One GPU, or the whole node, slow from the start is evicted as any straggler: a whole
+    node may be a stage too, but nothing tells, and a requeue of a small job costs less than
+    a fault left for the rest of its life (measured on the month benchmark)."""
+    return event.maybe_a_stage and ctx.node_incidents == 0
 
 
 def _switches(cluster: ClusterContext) -> list[str]:
@@ -363,19 +363,25 @@ def minimum_slowdown_pct(event: StragglerEvent, policy: Policy) -> float:
     )
 
 
-def is_node_slow(event: StragglerEvent, policy: Policy) -> bool:
+def _slow(event: StragglerEvent, policy: Policy) -> bool:
     """Slower than its peers by at least the policy's minimum and standing out from the job's
-    rank-to-rank variation, whether or not the job waits for it: what node history counts (a
-    node slow in two jobs is a bad node, also where one of them waited for a slower pipeline
-    stage anyway). A speed-up or a slowdown too small to matter never enters it."""
+    rank-to-rank variation."""
     return event.slowdown_pct >= minimum_slowdown_pct(event, policy) and not event.blends_in
 
 
+def is_node_slow(event: StragglerEvent, policy: Policy) -> bool:
+    """Slow (over the minimum, standing out), whether or not the job waits for it: what node
+    history counts (a node slow in two jobs is a bad node, also where one of them waited for
+    a slower pipeline stage anyway). A speed-up, a slowdown too small to matter, and GPUs
+    that may be the job's own stage (:attr:`StragglerEvent.maybe_a_stage`) never enter it."""
+    return _slow(event, policy) and not event.maybe_a_stage
+
+
 def is_slowdown(event: StragglerEvent, policy: Policy) -> bool:
-    """A slow node (:func:`is_node_slow`) that, for compute, costs the job at least
+    """Slow (over the minimum, standing out) and, for compute, costing the job at least
     ``min_job_loss_pct`` of its time when the detector could say. Anything else (a rank the
     job does not wait for among them) never enters an annotation or a decision."""
-    return is_node_slow(event, policy) and not _costs_nothing(event, policy)
+    return _slow(event, policy) and not _costs_nothing(event, policy)
 
 
 def _costs_nothing(event: StragglerEvent, policy: Policy) -> bool:

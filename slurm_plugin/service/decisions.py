@@ -309,7 +309,8 @@ class Decisions:
                 after=effect.after,
             )
         record.update(self._annotate(job, self._mark(effect), policy))  # saved with it
-        outcome = self._requeue(effect.decision_id, job, effect.nodes, record, now)
+        since_start = effect.event.attempt if effect.event.from_start else None
+        outcome = self._requeue(effect.decision_id, job, effect.nodes, record, now, since_start)
         if effect.after == "advice deadline":
             self._withdraw(job.job_id, effect.decision_id)
         if outcome != "failed" and not self.dry_run:
@@ -325,6 +326,7 @@ class Decisions:
         nodes: tuple[str, ...],
         record: dict[str, Any],
         now: float,
+        since_start: int | None = None,
     ) -> str:
         """A job Slurm would not let us mark is never evicted: without our mark nothing could
         tell our hold from another's, or undo it, after a restart that lost Redis."""
@@ -343,12 +345,16 @@ class Decisions:
             self.metrics.actions.labels(action="evict", outcome="failed").inc()
             return "failed"
         evictions = self.state.job_state(job.job_id).evictions
+        # The attempt requeued for a slowdown there since its first steps: one that comes
+        # back from the next attempt's first steps is the job's design (policy/decide.py).
+        came_back = {} if since_start is None else {"from_start_requeued": since_start}
         self.state.update_job(
             job.job_id,
             evictions=evictions + 1,
             last_eviction_ts=f"{now:.3f}",
             waiting="",
             waiting_since="",
+            **came_back,
         )
         outcome = self.executor.evict(decision_id, job, nodes, record)
         self.metrics.actions.labels(action="evict", outcome=outcome).inc()

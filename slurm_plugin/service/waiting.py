@@ -84,7 +84,7 @@ _CANDIDATE_FIELDS = frozenset(
         "level_z",
         "level_z_min",
         "from_start",
-        "node_ranks",
+        "maybe_a_stage",
     }
 )
 
@@ -130,7 +130,7 @@ def _event(
         level_z=_number(pick("level_z")),
         level_z_min=_number(pick("level_z_min")),
         from_start=pick("from_start") is True,
-        node_ranks=_count(pick("node_ranks")),
+        maybe_a_stage=pick("maybe_a_stage") is True,
     )
 
 
@@ -147,9 +147,3 @@ def _number(value: Any) -> float | None:
 
 def _int(value: Any) -> int:
     return int(_number(value) or 0)
-
-
-def _count(value: Any) -> int | None:
-    """A count a record kept, or None when missing or unreadable."""
-    number = _number(value)
-    return int(number) if number is not None and number >= 0 else None

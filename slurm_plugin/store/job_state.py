@@ -11,8 +11,9 @@ Fields, in ``docs/redis-schema.md``:
   believed, by reason: the one family of names, counted with HINCRBY);
 - what the job reports: ``structure`` (JSON: its by-design rank offsets), ``reports_checkpoints``
   (``1``), ``last_checkpoint_ts``, ``checkpoint_period_s``;
-- its decisions: ``policy``, ``evictions``, ``last_eviction_ts``, ``waiting`` (the id of its
-  waiting decision, empty when none), ``waiting_since``, ``wait_expired_ts``;
+- its decisions: ``policy``, ``evictions``, ``last_eviction_ts``, ``from_start_requeued``
+  (the attempt requeued for a slowdown there since its first steps), ``waiting`` (the id of
+  its waiting decision, empty when none), ``waiting_since``, ``wait_expired_ts``;
 - whose job it is (service/identity.py): ``identity_user``, ``identity_submit_ts``,
   ``identity_first_submit_ts``, ``identity_restarts``, ``identity_sluid`` (the run's SLUID,
   25.11 on; empty before);
@@ -54,6 +55,8 @@ class JobState(BaseModel):
     policy: str | None = None
     evictions: int = 0
     last_eviction_ts: float | None = None
+    #: The attempt the job was requeued from for a slowdown there since its first steps.
+    from_start_requeued: int | None = None
     waiting: str | None = None
     waiting_since: float | None = None
     wait_expired_ts: float | None = None
@@ -97,6 +100,7 @@ class JobState(BaseModel):
             reports_checkpoints=self.reports_checkpoints and not expired,
             checkpoint_period_s=self.checkpoint_period_s,
             waiting_since=self.waiting_since,
+            from_start_requeued=self.from_start_requeued,
         )
 
 

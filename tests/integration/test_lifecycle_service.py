@@ -3,6 +3,7 @@ eviction is valued and timed like any other, on the verdict it was decided on.""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from types import FrameType
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from slurm_plugin.model.cluster import NodeInfo
 from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.test_control_loop import (
     NODES,
@@ -169,3 +171,34 @@ def test_an_eviction_goes_into_the_nodes_history_however_short_the_slowdown(
     assert incident.lasted_s is not None
     assert incident.lasted_s < loop.service.rails.persistence.params().sustained_s
     assert [h.node for h in loop.state.nodes() if h.incidents] == ["node3"]
+
+
+def test_a_slowdown_from_the_start_that_comes_back_after_the_requeue_is_not_evicted_again(
+    make_loop: Callable[..., Loop],
+) -> None:
+    """Issue 36, class 6, in the service: job 5 is evicted from node3, slow since its first
+    step (a fault, or a stage of the job filling that node: nothing told). The service keeps
+    which attempt that was (``from_start_requeued``); the next attempt is slow since its
+    first step again, on the node it got instead: the job's own design, noted, not evicted
+    again (with room in the partition and the cooldown long past)."""
+    clock = FakeClock()
+    spare = [NodeInfo(f"node{i}", "idle", (), "", ("debug",)) for i in range(5, 9)]
+    slurm = FakeScheduler([running_job(clock)], NODES + spare)
+    loop = make_loop(slurm, clock, "a")
+    (decision,) = _until_decided(loop)
+    assert (decision["action"], decision["node"]) == ("evict", "node3")
+    assert loop.state.job_state("5").from_start_requeued == 0
+    job = slurm.job_table["5"]
+    assert job.restarts == 1
+    (instead,) = set(job.nodes) - {"node1", "node2"}
+    clock.advance(7200)  # the cooldown is long past
+    for cycle in range(40):
+        _run(loop, cycle * 10, 1, {instead: 2.0})
+        later = [d for d in loop.state.job_decisions("5") if d["node"] == instead]
+        if later:
+            break
+    assert later
+    assert all(d["action"] != "evict" for d in later)
+    said = [r for d in later for r in json.loads(d.get("reasons") or "[]")]
+    assert any("requeued from attempt 0" in r for r in said), said
+    assert [c[0] for c in slurm.changes].count("requeue_hold") == 1

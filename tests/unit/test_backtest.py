@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -522,3 +523,71 @@ def test_evictions_go_into_node_history_as_the_service_records_them(tmp_path: Pa
     assert result.persistent_nodes == ["n0002"]
     observe = load_policy(REPO / "policies/observe.toml")
     assert run_backtest(trace, observe, hourly, context=context).persistent_nodes == []
+
+
+def test_gpus_that_may_be_a_stage_of_a_two_node_job_wait_for_another_jobs_word(
+    tmp_path: Path,
+) -> None:
+    """Issue 36, class 6: GPUs 6-7 of a two-node job's second node, +30 % from its first
+    step and no labels, may be a pipeline stage laid over them: the replay notes them and
+    never evicts, and they do not count in node history (the same job run again, "82" on
+    the same nodes, does not evict either). A 64-GPU job then sees that node slow as a whole
+    (+60 % from step 30): evicted, an incident. The next two-node job with those GPUs slow
+    from the start has another job's word on the node: evicted."""
+    block = dict.fromkeys(range(14, 16), step_change(0.30, 0))
+    small = ["n0000", "n0001"]
+    big = [f"n{i:04d}" for i in (1, 2, 3, 4, 5, 6, 7, 8)]
+    whole = dict.fromkeys(range(8), step_change(0.60, 30))
+    specs = [
+        JobSpec("81", 16, 900, nodes=small, seed=1, compute_slow=block),
+        JobSpec("82", 16, 900, nodes=small, seed=2, compute_slow=block),
+        JobSpec("83", 64, 1500, nodes=big, seed=3, compute_slow=whole),
+        JobSpec("84", 16, 900, nodes=small, seed=4, compute_slow=block),
+    ]
+    jobs = [
+        (s.job_id, generate(replace(s, start_ts=1.7e9 + k * 7200))) for k, s in enumerate(specs)
+    ]
+    path = tmp_path / "t.csv"
+    write_csv(jobs, str(path))
+    starts = {j: float(b.ts.min()) - 1 for j, b in jobs}
+    _companions(path, {j: (t, t + 10 * 3600) for j, t in starts.items()}, every_s=20.0)
+    trace, context = read_trace(path), read_context(path)
+    result = run_backtest(trace, load_policy(REPO / "policies/evict.toml"), context=context)
+    stragglers = [d for d in result.detections if d["kind"] == "straggler"]
+    evicted = [(d["job_id"], d["node"]) for d in stragglers if d["action"] == "evict"]
+    assert evicted == [("83", "n0001"), ("84", "n0001")], [
+        (d["job_id"], d["node"], d["action"], d["reasons"][:1]) for d in stragglers
+    ]
+    waited = [d for d in stragglers if d["job_id"] in {"81", "82"} and d["node"] == "n0001"]
+    assert waited
+    assert all(d["action"] == "annotate" for d in waited)
+    assert any("waiting for another job's word" in r for d in waited for r in d["reasons"])
+
+
+def test_a_slowdown_from_the_start_that_comes_back_after_the_requeue_is_the_jobs_own(
+    tmp_path: Path,
+) -> None:
+    """Issue 36, class 6: a two-node job without labels whose second node is +40 % from its
+    first step (a fault, or a pipeline stage that fills that node: nothing tells) is evicted
+    (the cheaper mistake). Its next attempt, on another node, is +40 % from its first step
+    again: the job's own design, never evicted again."""
+    slow = dict.fromkeys(range(8, 16), step_change(0.40, 0))
+    first = generate(
+        JobSpec("91", 16, 3000, nodes=["n0000", "n0001"], seed=1, compute_slow=slow, start_ts=1.7e9)
+    )
+    again = JobSpec("91", 16, 3000, nodes=["n0000", "n0002"], seed=2, compute_slow=slow)
+    second = generate(replace(again, attempt=1, start_ts=float(first.ts.max()) + 300.0))
+    second.step += 1000  # resumed from its checkpoint at step 1000
+    path = tmp_path / "t.csv"
+    write_csv([("91", first), ("91", second)], str(path))
+    start = float(first.ts.min()) - 1
+    _companions(path, {"91": (start, start + 20 * 3600)}, every_s=20.0)
+    trace, context = read_trace(path), read_context(path)
+    result = run_backtest(trace, load_policy(REPO / "policies/evict.toml"), context=context)
+    stragglers = [d for d in result.detections if d["kind"] == "straggler"]
+    evicted = [(d["node"], d["details"]["attempt"]) for d in stragglers if d["action"] == "evict"]
+    assert evicted == [("n0001", 0)], [(d["node"], d["action"], d["reasons"]) for d in stragglers]
+    back = [d for d in stragglers if d["node"] == "n0002"]
+    assert back
+    assert all(d["action"] != "evict" for d in back)
+    assert any("requeued from attempt 0" in r for d in back for r in d["reasons"])

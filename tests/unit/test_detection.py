@@ -150,25 +150,31 @@ def test_a_slow_node_of_a_two_node_job_is_measured_against_the_other_node() -> N
 
 
 def test_ranks_slow_since_the_first_step_are_reported_as_slow_from_the_start() -> None:
-    """Issue 36, class 6: a two-node job of four pipeline stages laid over its GPUs, the
-    last (GPUs 4-7 of the second node) +20 % by design. Nothing in the job can show that
+    """Issue 36, class 6: a two-node job of eight pipeline stages laid over its GPUs, the
+    last (GPUs 6-7 of the second node) +25 % by design. Nothing in the job can show that
     offset as structure (it is on one node), so it is reported, and says it was there from
-    the first steps: the policy's cue that it may be the job's own design. The same ranks
-    slowing down later in the job are not from the start, nor are they with labels that say
-    every rank does the same work (then a node slow from the start is a fault)."""
-    stage = dict.fromkeys(range(12, 16), step_change(0.2, 0))
-    reports = _reports(_run(JobSpec("pp", 16, 400, seed=7, compute_slow=stage)))
-    assert reports
-    assert {e.node for e in reports} == {"n0001"}
-    assert all(e.from_start for e in reports)
-    later = dict.fromkeys(range(12, 16), step_change(0.2, 150))
-    reports = _reports(_run(JobSpec("pp", 16, 400, seed=7, compute_slow=later)))
-    assert reports
-    assert not any(e.from_start for e in reports)
+    the first steps, on some of the node's GPUs: maybe a stage. One GPU or the whole node
+    slow from the start is from the start but no stage (a fault's shape), nor are the same
+    GPUs slowing down later in the job, nor with labels that say every rank does the same
+    work, nor in a job of four nodes (a stage would show on two of them)."""
+
+    def reports(world: int, ranks: range, onset: int = 0, **kw: object) -> list[StragglerEvent]:
+        slow = dict.fromkeys(ranks, step_change(0.25, onset))
+        spec = JobSpec("pp", world, 400, seed=7, compute_slow=slow, **kw)  # type: ignore[arg-type]
+        found = _reports(_run(spec))
+        assert found
+        assert {e.node for e in found} == {"n0001"}
+        return found
+
+    stage = reports(16, range(14, 16))
+    assert all(e.from_start and e.maybe_a_stage for e in stage)
+    for shape in (range(15, 16), range(8, 16)):
+        assert all(e.from_start and not e.maybe_a_stage for e in reports(16, shape))
+    assert not any(e.from_start or e.maybe_a_stage for e in reports(16, range(14, 16), 150))
     same_work = dict.fromkeys(range(16), "dp")
-    labelled = _run(JobSpec("pp", 16, 400, seed=7, compute_slow=stage, groups=same_work))
-    assert _reports(labelled)
-    assert not any(e.from_start for e in _reports(labelled))
+    labelled = reports(16, range(14, 16), groups=same_work)
+    assert not any(e.from_start or e.maybe_a_stage for e in labelled)
+    assert all(e.from_start and not e.maybe_a_stage for e in reports(32, range(14, 16)))
 
 
 def test_whole_slow_node_is_reported_once_with_scope_node() -> None:

@@ -135,12 +135,14 @@ def test_a_report_that_goes_on_from_a_slowdown_there_from_the_start_is_from_the_
     at the start, went on from the node's episode ("lasted 1,400 s") and was evicted. It is
     the same slowdown going on: from the start too. A new episode is not."""
     episodes = _episodes()
-    first = replace(_report(100.0, gpu=None), from_start=True)
+    first = replace(_report(100.0, gpu=None), from_start=True, maybe_a_stage=True)
     assert episodes.same_episode(first, "compute").from_start
     burst = episodes.same_episode(_report(130.0, gpu=None), "compute")
     assert burst.from_start
+    assert burst.maybe_a_stage
     assert burst.since_ts == 100.0
     other = episodes.same_episode(_report(130.0, node="n2"), "compute")
     assert not other.from_start
     later = episodes.same_episode(_report(9000.0, gpu=None), "compute")  # long after: new
     assert not later.from_start
+    assert not later.maybe_a_stage

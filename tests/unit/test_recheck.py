@@ -85,7 +85,7 @@ def test_a_waiting_decision_keeps_its_candidates_through_its_record() -> None:
     """The lifecycle's waiting state survives the record: the decision's own event first,
     each node flagged after it with its own event and incidents; a record of 0.1 (candidates
     as node and ranks only) still reads, each candidate on the first event's numbers."""
-    first = replace(_event("node3", [4, 5]), from_start=True, node_ranks=8)
+    first = replace(_event("node3", [4, 5]), from_start=True, maybe_a_stage=True)
     joined = replace(
         _event("node1", [0]), slowdown_pct=33.0, since_ts=12.0, level_z=2.5, level_z_min=4.1
     )
@@ -112,9 +112,9 @@ def test_a_waiting_decision_keeps_its_candidates_through_its_record() -> None:
     assert back.event.ranks == [4, 5]
     # Some GPUs of a small job slow from its first steps stay so while it waits (class 6).
     assert back.event.from_start
-    assert back.event.node_ranks == 8
+    assert back.event.maybe_a_stage
     assert not back.candidates[1].event.from_start
-    assert back.candidates[1].event.node_ranks is None
+    assert not back.candidates[1].event.maybe_a_stage
     old = {**rec, "candidates": json.dumps([{"node": "node1", "ranks": [0]}])}
     del old["event"]
     back = waiting_of(read(old, "d1"), None)
