@@ -12,10 +12,9 @@ slowdown began; one report while a real slowdown's level builds up does). Episod
 per GPU: one GPU's report goes on from that GPU's episode or from a node-wide one, never from
 another GPU's (a burst on GPU 5 does not make GPU 0's later fault look as old as the burst);
 a node-wide report goes on from any of the node's episodes. Reports that cost the job nothing
-end the node's episodes and keep episodes of their own (:data:`COSTLESS`). A report that goes
-on from an episode there from the job's first steps is from the start too, and maybe a stage
-where that one was (a burst on GPUs that may be a pipeline stage is no new slowdown of its
-own).
+end the node's episodes and keep episodes of their own (:data:`COSTLESS`), and so do reports of
+GPUs that may be a pipeline stage (:data:`STAGE`): a fault or a burst on that node later is a
+slowdown of its own, as old as it is.
 """
 
 from __future__ import annotations
@@ -33,9 +32,12 @@ from slurm_plugin.detection.params import F64, DetectionParams
 #: while the job's own slowdowns never date from them.
 COSTLESS = "compute:costless"
 
-#: An open episode: since, the last report's step and time, stood out, from the start, and
-#: maybe a pipeline stage (``StragglerEvent.from_start``, ``maybe_a_stage``).
-_Episode = tuple[float, int, float, bool, bool, bool]
+#: The episodes of reports of GPUs that may be a pipeline stage of a small job
+#: (``StragglerEvent.maybe_a_stage``): their own, as :data:`COSTLESS`'s.
+STAGE = "compute:stage"
+
+#: An open episode: since, the last report's step and time, and whether one stood out.
+_Episode = tuple[float, int, float, bool]
 
 
 @dataclass
@@ -92,17 +94,19 @@ class Episodes:
         and goes on from the node's earlier such reports only (:data:`COSTLESS`)."""
         p = self.params
         loss = event.job_loss_pct
-        if kind == "compute" and loss is not None and loss < p.min_job_loss_pct:
-            # The job does not wait for the node (now): no slowdown of the job goes on, so
-            # nothing it does later dates from here (by-design offsets flagged for hours
-            # would otherwise make a later burst look as old as they are).
+        costless = loss is not None and loss < p.min_job_loss_pct
+        if kind == "compute" and (costless or event.maybe_a_stage):
+            # The job does not wait for the node (now), or its GPUs may be a stage of the
+            # job's design: no slowdown of the job goes on, so nothing it does later dates
+            # from here (by-design offsets flagged for hours would otherwise make a later
+            # burst look as old as they are).
             self._open.pop((event.node, kind), None)
-            kind = COSTLESS
+            kind = COSTLESS if costless else STAGE
         episodes = self._open.setdefault((event.node, kind), {})
         watch = self._watch(event, kind)
         since = event.since_ts
-        stood_out, from_start, stage = not event.blends_in, event.from_start, event.maybe_a_stage
-        for earlier, (start, step, ts, confirmed, initial, staged) in episodes.items():
+        stood_out = not event.blends_in
+        for earlier, (start, step, ts, confirmed) in episodes.items():
             if (
                 self._goes_on(earlier, watch)
                 and (event.step - step <= 2 * p.rearm_steps or event.ts - ts <= 2 * p.rearm_s)
@@ -110,15 +114,11 @@ class Episodes:
             ):
                 since = start if since is None else min(start, since)
                 stood_out = stood_out or confirmed
-                from_start = from_start or initial  # a burst on a node slow from the start
-                stage = stage or staged
         if not stood_out and since is not None:
             since = max(since, event.ts - 2 * p.rearm_s)  # noise so far: not far back
         start = since if since is not None else event.ts
-        episodes[watch] = (start, event.step, event.ts, stood_out, from_start, stage)
-        if (since, from_start, stage) == (event.since_ts, event.from_start, event.maybe_a_stage):
-            return event
-        return replace(event, since_ts=since, from_start=from_start, maybe_a_stage=stage)
+        episodes[watch] = (start, event.step, event.ts, stood_out)
+        return replace(event, since_ts=since) if since != event.since_ts else event
 
     @staticmethod
     def _goes_on(earlier: tuple[str, int], now: tuple[str, int]) -> bool:

@@ -128,21 +128,18 @@ def test_reports_that_cost_nothing_have_episodes_of_their_own() -> None:
     assert later.since_ts == 100.0  # the node's own slowness goes on
 
 
-def test_a_report_that_goes_on_from_a_slowdown_there_from_the_start_is_from_the_start() -> None:
-    """Issue 36, class 6 (gauss seed 6 with two-node pipelines, job 100033): a node slow
-    since the job's first steps (a pipeline stage, or a fault: nothing tells) was noted, not
-    evicted; a burst on it half an hour later read a new, larger slowdown that was not there
-    at the start, went on from the node's episode ("lasted 1,400 s") and was evicted. It is
-    the same slowdown going on: from the start too. A new episode is not."""
+def test_gpus_that_may_be_a_stage_keep_episodes_of_their_own() -> None:
+    """Issue 36, class 6 (gauss seed 9 with two-node pipelines, job 100106): GPUs 4-7 of a
+    node, slow since the job's first steps, may be a pipeline stage (noted, never evicted);
+    a real fail-slow episode on the whole node 15 minutes later went on from their episode,
+    kept their "maybe a stage" and was not evicted. Reports of a possible stage end the
+    node's episodes and keep their own: the later slowdown is as old as it is."""
     episodes = _episodes()
-    first = replace(_report(100.0, gpu=None), from_start=True, maybe_a_stage=True)
-    assert episodes.same_episode(first, "compute").from_start
-    burst = episodes.same_episode(_report(130.0, gpu=None), "compute")
-    assert burst.from_start
-    assert burst.maybe_a_stage
-    assert burst.since_ts == 100.0
-    other = episodes.same_episode(_report(130.0, node="n2"), "compute")
-    assert not other.from_start
-    later = episodes.same_episode(_report(9000.0, gpu=None), "compute")  # long after: new
-    assert not later.from_start
-    assert not later.maybe_a_stage
+    stage = replace(_report(100.0, gpu=None), ranks=[4, 5, 6, 7], maybe_a_stage=True)
+    episodes.same_episode(stage, "compute")
+    again = episodes.same_episode(replace(stage, ts=130.0, step=130), "compute")
+    assert again.since_ts == 100.0  # the stage goes on as itself
+    fault = episodes.same_episode(_report(160.0, gpu=None), "compute")
+    assert fault.since_ts is None
+    assert not fault.maybe_a_stage
+    assert episodes.same_episode(_report(190.0, gpu=None), "compute").since_ts == 160.0
