@@ -427,9 +427,10 @@ class JobDetector:
     def _from_start(
         self, ranks: list[int], node_index: int, slowdown_pct: float
     ) -> tuple[bool, bool]:
-        """:attr:`StragglerEvent.from_start` and :attr:`StragglerEvent.maybe_a_stage`:
-        unlabelled ranks that computed slower than the other nodes' ranks through the warm-up
-        by at least half the slowdown reported now, and how many of the node's GPUs did."""
+        """:attr:`StragglerEvent.from_start` (unlabelled ranks that computed slower than the
+        other nodes' ranks through the warm-up by at least half the slowdown reported now) and
+        :attr:`StragglerEvent.maybe_a_stage` (more than one of the node's GPUs did so, not
+        all, in a job of too few nodes to learn its stages)."""
         group = self.rank_group
         labelled = len(group) == self.world and bool((group[ranks] >= 0).any())
         rest = np.flatnonzero(self.rank_node != node_index)
