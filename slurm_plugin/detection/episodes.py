@@ -52,8 +52,7 @@ class Episodes:
     node_starts: np.ndarray
     node_of_group: np.ndarray
     #: (node, kind) -> per end chart that tells it is over (one GPU's, the node's): when its
-    #: slowdown began, step and time of its last report, whether any report stood out, and
-    #: whether it was there from the first steps (``StragglerEvent.from_start``).
+    #: slowdown began, step and time of its last report, and whether any report stood out.
     _open: dict[tuple[str, str], dict[tuple[str, int], _Episode]] = field(default_factory=dict)
     #: Per end chart, the current block's rows x columns on which the slowdown was over, the
     #: block's times; and per chart and column the last such time before the block.

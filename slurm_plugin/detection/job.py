@@ -413,19 +413,23 @@ class JobDetector:
                 heapq.heappush(queue, (int(later[0]), kind, -float(scores[later[0]]), i))
         return events
 
-    def _peer_level(self, excess: F64, node_index: int) -> F64:
-        """Per row, the median compute of the ranks on other nodes (:func:`even_spread`, as
-        the re-check's peers: ~16 ms an event at 16,384 ranks for all of them), relative
-        to the job's median rank (1.0 for a job on one node, or a row where they measured
-        nothing)."""
-        rest = np.flatnonzero(self.rank_node != node_index)
-        if not len(rest):
+    def _others(self, node_index: int) -> np.ndarray:
+        """The ranks on other nodes than ``node_index``, an even spread of them
+        (:func:`even_spread`, as the re-check's peers: ~16 ms an event at 16,384 ranks for
+        all of them): what a node's ranks are measured against."""
+        return even_spread(np.flatnonzero(self.rank_node != node_index))
+
+    @staticmethod
+    def _peer_level(excess: F64, others: np.ndarray) -> F64:
+        """Per row, the median compute of ``others`` (:meth:`_others`) relative to the job's
+        median rank (1.0 for a job on one node, or a row where they measured nothing)."""
+        if not len(others):
             return np.ones(len(excess))
-        level = row_median(1.0 + excess[:, even_spread(rest)])
+        level = row_median(1.0 + excess[:, others])
         return np.where(np.isfinite(level) & (level > 0), level, 1.0)
 
     def _from_start(
-        self, ranks: list[int], node_index: int, slowdown_pct: float
+        self, ranks: list[int], node_index: int, others: np.ndarray, slowdown_pct: float
     ) -> tuple[bool, bool]:
         """:attr:`StragglerEvent.from_start` (unlabelled ranks that computed slower than the
         other nodes' ranks through the warm-up by at least half the slowdown reported now) and
@@ -433,11 +437,10 @@ class JobDetector:
         all, in a job of too few nodes to learn its stages)."""
         group = self.rank_group
         labelled = len(group) == self.world and bool((group[ranks] >= 0).any())
-        rest = np.flatnonzero(self.rank_node != node_index)
-        if labelled or not len(rest) or not slowdown_pct > 0:
+        if labelled or not len(others) or not slowdown_pct > 0:
             return False, False
         on_node = np.flatnonzero(self.rank_node == node_index)
-        excess = structure.warm_excess(self._warm, self._offset, on_node, even_spread(rest))
+        excess = structure.warm_excess(self._warm, self._offset, on_node, others)
         bar = 0.5 * math.log1p(slowdown_pct / 100.0)
         mine = excess[np.isin(on_node, ranks)]
         start = bool(np.isfinite(mine).any() and np.nanmean(mine) >= bar)
@@ -485,11 +488,12 @@ class JobDetector:
             ranks = [rank]
         else:
             ranks = [int(node_ranks[int(np.argmax(mean_z))])]
+        peer_ranks = self._others(node_index)
         if kind == "compute":
             # Against the other nodes' ranks: the job's median rank is no healthy peer when
             # the node holds half the ranks (a two-node job's slow node read half its
             # slowdown, and a requeue half its saving).
-            peers = self._peer_level(window.excess_compute[lo:hi], node_index)
+            peers = self._peer_level(window.excess_compute[lo:hi], peer_ranks)
             slowdown = float(np.nanmean((1.0 + excess[lo:hi][:, ranks]) / peers[:, None] - 1.0))
         else:
             slowdown = float(np.nanmean(excess[lo:hi][:, ranks]))
@@ -518,7 +522,9 @@ class JobDetector:
             else (None, None)
         )
         start, stage = (
-            self._from_start(ranks, node_index, slowdown) if kind == "compute" else (False, False)
+            self._from_start(ranks, node_index, peer_ranks, slowdown)
+            if kind == "compute"
+            else (False, False)
         )
         # It began when the step before its first slow one ended.
         since = float(window.ts[lo - 1] if lo > 0 else window.ts[lo])
