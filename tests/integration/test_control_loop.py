@@ -751,7 +751,9 @@ def test_slurm_unknown_is_not_no_jobs(make_loop: Callable[..., Loop]) -> None:
     detector starting over. Only Slurm's answer that the job is gone revokes the credential."""
     clock = FakeClock()
     slurm = FakeScheduler([running_job(clock)], NODES)
-    loop = make_loop(slurm, clock, "a", telemetry={"job_credentials": True}, lock_ttl_s=0.5)
+    # The lock's life is real time: the first cycle after the outage reads 30 cycles' steps
+    # and must finish inside it on a loaded CI machine, or the fence (rightly) refuses to act.
+    loop = make_loop(slurm, clock, "a", telemetry={"job_credentials": True}, lock_ttl_s=3.0)
     credentials.issue(loop.store.client, "5")
     _run(loop, 0, 3, {"node3": 1.0})  # healthy steps: the detector is warm
     slurm.fail["jobs"] = SlurmError("squeue: Unable to contact slurm controller")
@@ -764,7 +766,7 @@ def test_slurm_unknown_is_not_no_jobs(make_loop: Callable[..., Loop]) -> None:
     assert slurm.changes == []
     assert loop.state.job_decisions("5") == []
     del slurm.fail["jobs"]
-    wait_for(lambda: loop.service.cycle().leader, 10, "the instance to lead again")
+    wait_for(lambda: loop.service.cycle().leader, 30, "the instance to lead again")
     _run(loop, 60, 5, {"node3": 2.0})
     assert slurm.job_table["5"].excluded == ("node3",)
     assert credentials.username("5") in acl_users(loop.store.client)

@@ -4,7 +4,7 @@ For FSDP2, PyTorch Lightning (ddp strategy) and the Hugging Face Trainer, the st
 job (``examples/``, unchanged) runs as four ranks on this machine, each its own "node" for
 the telemetry, with a private redis-server. Once every rank has reported its first steps, the
 third rank is slowed for real: the test stops and continues its process (SIGSTOP / SIGCONT),
-so it gets a tenth of the CPU, as the demo's cgroup quota gives node3. Then:
+so it keeps a tenth of the wall time, as the demo's cgroup quota gives node3. Then:
 
 - node3's rank computes far longer than it did and than the others, and waits less than they
   do; the others wait longer than before (what :func:`check_why` asks of a cluster run);
@@ -48,8 +48,9 @@ STACKS = {
 }
 #: Steps every rank reports before node3 is slowed, then steps after.
 BEFORE, AFTER = 25, 40
-#: Of every period, node3's process is stopped this long (it keeps a tenth of the CPU).
-PERIOD_S, STOPPED_S = 0.05, 0.045
+#: node3's process runs for this long at a time, then is stopped for nine times as long as it
+#: really ran (it keeps a tenth of the wall time even when a loaded machine wakes us late).
+RUN_S, STOPPED_PER_RUN = 0.005, 9
 
 
 def _env(rank: int, port: int, redis_url: str) -> dict[str, str]:
@@ -78,7 +79,9 @@ def _env(rank: int, port: int, redis_url: str) -> dict[str, str]:
 
 
 class _Throttle(threading.Thread):
-    """Stop and continue a process so that it keeps a tenth of the CPU, until stopped."""
+    """Stop and continue a process so that it keeps at most a tenth of the wall time, until
+    stopped. The stop follows how long the process really ran: on a loaded machine this
+    thread wakes late, and a fixed period would hand the process far more than a tenth."""
 
     def __init__(self, pid: int) -> None:
         super().__init__(daemon=True)
@@ -90,10 +93,11 @@ class _Throttle(threading.Thread):
         self.started_ts = time.time()
         try:
             while not self.done.is_set():
-                os.kill(self.pid, signal.SIGSTOP)
-                time.sleep(STOPPED_S)
                 os.kill(self.pid, signal.SIGCONT)
-                time.sleep(PERIOD_S - STOPPED_S)
+                ran = time.monotonic()
+                time.sleep(RUN_S)
+                os.kill(self.pid, signal.SIGSTOP)
+                time.sleep(STOPPED_PER_RUN * (time.monotonic() - ran))
         except ProcessLookupError:
             return
         finally:
