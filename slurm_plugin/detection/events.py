@@ -54,9 +54,10 @@ class StragglerEvent(_Json):
     #: too few ranks to tell).
     level_z: float | None = None
     level_z_min: float | None = None
-    #: Its ranks (no labels said what they do) were as slow through the warm-up, the first
-    #: steps the detector saw: a fault present from the job's start, or an offset of the
-    #: job's design (a pipeline stage) that a job of too few nodes cannot show as structure.
+    #: Its ranks (no labels gave them peers on another node) were as slow through the
+    #: warm-up, the first steps the detector saw: a fault present from the job's start, or an
+    #: offset of the job's design (a pipeline stage) that a job of too few nodes cannot show
+    #: as structure.
     from_start: bool = False
     #: Some GPUs of the node (more than one, not all) were as slow from the first steps, in
     #: a job of fewer than :data:`STAGE_MIN_JOB_NODES` nodes (too few to learn its stages):

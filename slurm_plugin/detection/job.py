@@ -15,7 +15,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -49,42 +49,12 @@ from slurm_plugin.detection.stats import (
 )
 from slurm_plugin.detection.structure import Layout, Warmup
 from slurm_plugin.detection.sync import SyncStallChart
+from slurm_plugin.detection.window import Window, join
 
 #: Threshold of the input (data-loading) chart. Its increments are a rank's excess data time
 #: over its peers' median, in units of ``input_min_slowdown_pct``, clipped to [-1, 2], less
 #: 0.5: loading twice that minimum crosses it in ~6 steps, at the minimum in ~16.
 _INPUT_THRESHOLD = 8.0
-
-
-@dataclass
-class _Tail:
-    """Rows of per-rank deviations (relative excess over the median, scores) and their times,
-    for attributing an alarm; ``offset`` is the row where the current block starts."""
-
-    excess_compute: F64
-    excess_data: F64
-    z: F64
-    #: Each rank's raw compute plus data loading (what it brings to the collective), the
-    #: same had it computed as its peers, and each step's time: the what-if of the job
-    #: without a node's slowdown.
-    ready: F64
-    healthy: F64
-    step: F64
-    ts: F64
-    #: Each row's step number (the re-check looks at rows from the step a node was flagged).
-    number: F64
-    #: Each rank's collective wait (the last rank's is the transfer: ``transfer_excess``).
-    comm: F64
-    #: Each rank's level: its relative excess compute smoothed over ``level_halflife_steps``.
-    level: F64
-    #: Per row, the widest spread of levels within nodes the job has shown lately
-    #: (``JobDetector._levels``), and how many half-lives of live steps the levels have seen.
-    level_spread: F64
-    level_age: F64
-    #: Per row, the median rank's compute (structure divided out): times a rank's offset,
-    #: what it computes "as its peers" in ``healthy``.
-    median: F64
-    offset: int = 0
 
 
 @dataclass
@@ -110,7 +80,7 @@ class JobDetector:
         self._input_s = np.zeros(n)
         # (node, kind) -> (step, time) from which its re-arm period counts (its last report).
         self._flagged: dict[tuple[str, str], tuple[int, float]] = {}
-        self._tail: _Tail | None = None
+        self._tail: Window | None = None
         self._sync = SyncStallChart(self.params)
         self._alpha = 1.0 - 0.5 ** (1.0 / self.params.spread_halflife_steps)
         self._level_alpha = 1.0 - 0.5 ** (1.0 / self.params.level_halflife_steps)
@@ -266,7 +236,7 @@ class JobDetector:
         ready = what_if(b, med_c, self._scale)
         level, spread_of_levels, level_age = self._levels(excess_c, live)
         window = self._window(
-            _Tail(
+            Window(
                 excess_c,
                 excess_d,
                 z,
@@ -327,19 +297,9 @@ class JobDetector:
             tail.excess_compute, tail.number, on_node, ranks, since_step, scale=self._scale
         )
 
-    def _window(self, block: _Tail) -> _Tail:
+    def _window(self, block: Window) -> Window:
         """Block rows preceded by the tail of earlier blocks; keeps the new tail."""
-        keep = self.params.attribution_steps
-        names = [f.name for f in fields(_Tail) if f.name != "offset"]
-        if self._tail is not None and self._tail.z.shape[1] == block.z.shape[1]:
-            rows: dict[str, Any] = {
-                n: np.concatenate([getattr(self._tail, n), getattr(block, n)]) for n in names
-            }
-            joined = replace(block, **rows)
-        else:
-            joined = block
-        joined.offset = joined.z.shape[0] - block.z.shape[0]
-        self._tail = _Tail(*(getattr(joined, n)[-keep:] for n in names))
+        joined, self._tail = join(self._tail, block, self.params.attribution_steps)
         return joined
 
     def _straggler_events(
@@ -349,7 +309,7 @@ class JobDetector:
         node_hit: F64,
         input_hit: np.ndarray,
         k_base: F64,
-        window: _Tail,
+        window: Window,
     ) -> list[Event]:
         p = self.params
         # Per chart (kind, rank or None for a node chart, node index): the rows where it is
@@ -428,26 +388,6 @@ class JobDetector:
         level = row_median(1.0 + excess[:, others])
         return np.where(np.isfinite(level) & (level > 0), level, 1.0)
 
-    def _from_start(
-        self, ranks: list[int], node_index: int, others: np.ndarray, slowdown_pct: float
-    ) -> tuple[bool, bool]:
-        """:attr:`StragglerEvent.from_start` (unlabelled ranks that computed slower than the
-        other nodes' ranks through the warm-up by at least half the slowdown reported now) and
-        :attr:`StragglerEvent.maybe_a_stage` (more than one of the node's GPUs did so, not
-        all, in a job of too few nodes to learn its stages)."""
-        group = self.rank_group
-        labelled = len(group) == self.world and bool((group[ranks] >= 0).any())
-        if labelled or not len(others) or not slowdown_pct > 0:
-            return False, False
-        on_node = np.flatnonzero(self.rank_node == node_index)
-        excess = structure.warm_excess(self._warm, self._offset, on_node, others)
-        bar = 0.5 * math.log1p(slowdown_pct / 100.0)
-        mine = excess[np.isin(on_node, ranks)]
-        start = bool(np.isfinite(mine).any() and np.nanmean(mine) >= bar)
-        slow = int(np.sum(excess >= bar))
-        few = len(self._node_of_group) < STAGE_MIN_JOB_NODES
-        return start, start and few and 1 < slow < len(on_node)
-
     def _rearmed(self, reported: tuple[int, float], step: Any, ts: Any) -> Any:
         """A re-arm period (steps or seconds, whichever first) has passed since ``reported``."""
         p = self.params
@@ -462,7 +402,7 @@ class JobDetector:
         node_index: int,
         cusum_ratio: float,
         k_base: F64,
-        window: _Tail,
+        window: Window,
     ) -> StragglerEvent:
         """Build the event: which ranks, node-wide or one GPU, how much slower."""
         keep = self.params.attribution_steps
@@ -522,7 +462,16 @@ class JobDetector:
             else (None, None)
         )
         start, stage = (
-            self._from_start(ranks, node_index, peer_ranks, slowdown)
+            structure.from_start(
+                self._warm,
+                self._offset,
+                self.rank_group,
+                ranks,
+                node_ranks,
+                peer_ranks,
+                slowdown,
+                few_nodes=len(self._node_of_group) < STAGE_MIN_JOB_NODES,
+            )
             if kind == "compute"
             else (False, False)
         )

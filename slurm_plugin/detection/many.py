@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import fields
 
 import numpy as np
 
+from slurm_plugin.detection import window
 from slurm_plugin.detection.attribution import level_spread
 from slurm_plugin.detection.block import Block
 from slurm_plugin.detection.charts import CAP, bank, references
-from slurm_plugin.detection.job import _INPUT_THRESHOLD, JobDetector, _Tail
+from slurm_plugin.detection.job import _INPUT_THRESHOLD, JobDetector
 from slurm_plugin.detection.params import F64
 from slurm_plugin.detection.stats import (
     MAD_TO_SIGMA,
@@ -308,7 +308,7 @@ def _keep_tails(
         tail = dets[j]._tail
         length = tail.z.shape[0] if tail is not None and tail.z.shape[1] == dets[j].world else 0
         by_length.setdefault(length, []).append(j)
-    names = [f.name for f in fields(_Tail) if f.name != "offset"]
+    names = window.names()
     for length, group in by_length.items():
         new = [values[group] for values in rows]
         if length:
@@ -318,7 +318,7 @@ def _keep_tails(
         for i, j in enumerate(group):
             # Copies: a view would hold the whole group's arrays for as long as any one job
             # keeps its tail (a job that stops reporting keeps it until it ends).
-            dets[j]._tail = _Tail(*(values[i].copy() for values in kept))
+            dets[j]._tail = window.Window(*(values[i].copy() for values in kept))
 
 
 def _sync(

@@ -252,3 +252,34 @@ def warm_excess(warm: Warmup, offset: F64, ranks: np.ndarray, others: np.ndarray
         return np.full(len(ranks), np.nan)
     excess: F64 = mean[ranks] - float(np.nanmedian(theirs))
     return excess
+
+
+def from_start(
+    warm: Warmup,
+    offset: F64,
+    group: np.ndarray,
+    ranks: list[int],
+    on_node: np.ndarray,
+    others: np.ndarray,
+    slowdown_pct: float,
+    *,
+    few_nodes: bool,
+) -> tuple[bool, bool]:
+    """:attr:`StragglerEvent.from_start` of a report on ``ranks`` of the node holding
+    ``on_node`` (they computed slower than the ``others`` through the warm-up by at least
+    half the ``slowdown_pct`` reported now) and :attr:`StragglerEvent.maybe_a_stage` (more
+    than one of the node's GPUs did so, not all, in a job of too few nodes to learn its
+    stages). Labels (``group``, per rank, -1: none) rule both out only where they give the
+    ranks peers on another node: a stage this node holds alone has none."""
+    if len(group) == len(warm.n):
+        mine = group[ranks][group[ranks] >= 0]
+        if np.isin(mine, np.delete(group, on_node)).any():  # a labelled peer elsewhere
+            return False, False
+    if not len(others) or not slowdown_pct > 0:
+        return False, False
+    excess = warm_excess(warm, offset, on_node, others)
+    bar = 0.5 * math.log1p(slowdown_pct / 100.0)
+    mine_excess = excess[np.isin(on_node, ranks)]
+    start = bool(np.isfinite(mine_excess).any() and np.nanmean(mine_excess) >= bar)
+    slow = int(np.sum(excess >= bar))
+    return start, start and few_nodes and 1 < slow < len(on_node)

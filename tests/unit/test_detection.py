@@ -156,7 +156,8 @@ def test_ranks_slow_since_the_first_step_are_reported_as_slow_from_the_start() -
     the first steps, on some of the node's GPUs: maybe a stage. One GPU or the whole node
     slow from the start is from the start but no stage (a fault's shape), nor are the same
     GPUs slowing down later in the job, nor with labels that say every rank does the same
-    work, nor in a job of four nodes (a stage would show on two of them)."""
+    work (labels of stages each held by one node say nothing), nor in a job of four nodes (a
+    stage would show on two of them)."""
 
     def reports(world: int, ranks: range, onset: int = 0, **kw: object) -> list[StragglerEvent]:
         slow = dict.fromkeys(ranks, step_change(0.25, onset))
@@ -174,6 +175,10 @@ def test_ranks_slow_since_the_first_step_are_reported_as_slow_from_the_start() -
     same_work = dict.fromkeys(range(16), "dp")
     labelled = reports(16, range(14, 16), groups=same_work)
     assert not any(e.from_start or e.maybe_a_stage for e in labelled)
+    # Labels of eight stages, two GPUs each (heavy seed 2's job 100013): a stage the node
+    # holds alone has no labelled peer elsewhere, so its labels say nothing either way.
+    stages = {r: f"stage{r // 2}" for r in range(16)}
+    assert all(e.from_start and e.maybe_a_stage for e in reports(16, range(14, 16), groups=stages))
     assert all(e.from_start and not e.maybe_a_stage for e in reports(32, range(14, 16)))
 
 

@@ -351,7 +351,9 @@ def test_a_labelled_stage_held_only_by_a_node_slow_elsewhere_is_not_structure() 
     det.add("pp2", generate(spec))
     found = [e for e in det.advance(final=True) if isinstance(e, StragglerEvent)]
     assert {e.node for e in found} == {"n0001"}
-    assert all(e.slowdown_pct > 20.0 and not e.from_start for e in found)
+    # Slow since the first step, and its label gives it no peer elsewhere: from the start;
+    # the whole node, so no stage's shape.
+    assert all(e.slowdown_pct > 20.0 and e.from_start and not e.maybe_a_stage for e in found)
 
 
 def test_a_labelled_faster_stage_on_a_node_slow_elsewhere_is_still_structure() -> None:
