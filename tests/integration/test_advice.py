@@ -26,7 +26,7 @@ from slurm_plugin.store.registration import Registration
 from slurm_plugin.telemetry import leave
 from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.conftest import RedisServer
-from tests.integration.test_control_loop import EVICTION, NODES, Loop, _run, running_job
+from tests.integration.loop_harness import EVICTION, NODES, Loop, run_cycles, running_job
 from tests.integration.test_lifecycle_service import make_loop
 
 __all__ = ["make_loop"]
@@ -46,7 +46,7 @@ def _advised(
         loop.store.client, "5", Registration(policy="evict", user="alice", options=options)
     )
     for cycle in range(30):
-        _run(loop, cycle * 10, 1, {"node3": 2.0})
+        run_cycles(loop, cycle * 10, 1, {"node3": 2.0})
         if loop.state.job_decisions("5"):
             break
     (decision,) = loop.state.job_decisions("5")
@@ -57,7 +57,7 @@ def _cycles(loop: Loop, first_step: int, seconds: float, slow: dict[str, float])
     """Cycles over ``seconds`` of the clock, 10 steps a cycle."""
     cycles = max(1, int(seconds // 10))
     for cycle in range(cycles):
-        _run(loop, first_step + cycle * 10, 1, slow)
+        run_cycles(loop, first_step + cycle * 10, 1, slow)
         loop.clock.advance(9)
 
 

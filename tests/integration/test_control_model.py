@@ -34,7 +34,7 @@ from slurm_plugin.service.state import OPEN_STATES, ServiceState
 from slurm_plugin.store.telemetry_store import TelemetryStore
 from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.conftest import RedisServer, copy_policies
-from tests.integration.test_control_loop import running_job
+from tests.integration.loop_harness import running_job
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,7 @@ from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 from slurm_plugin.telemetry.reporter import StepReporter
 from slurm_plugin.testing import FakeClock
 from tests.integration.conftest import RedisServer, wait_for
-from tests.integration.test_control_loop import running_job
+from tests.integration.loop_harness import running_job
 
 
 def _publish(store: TelemetryStore, job: JobInfo, first: int, entries: int, maxlen: int) -> None:

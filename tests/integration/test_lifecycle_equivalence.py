@@ -36,7 +36,7 @@ from slurm_plugin.testing import FakeClock, FakeScheduler
 from slurm_plugin.trace import read_trace, write_trace
 from slurm_plugin.trace_meta import CHECKPOINT_END, JobFacts, TraceContext
 from tests.integration.conftest import RedisServer, copy_policies
-from tests.integration.test_control_loop import running_job
+from tests.integration.loop_harness import running_job
 
 JOB = "5"
 NODES_IN_JOB = ("node1", "node2", "node3", "node4")

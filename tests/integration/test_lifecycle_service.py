@@ -13,12 +13,12 @@ import pytest
 
 from slurm_plugin.model.cluster import NodeInfo
 from slurm_plugin.testing import FakeClock, FakeScheduler
-from tests.integration.test_control_loop import (
+from tests.integration.loop_harness import (
     NODES,
     Loop,
-    _flag_while_waiting_for_a_checkpoint,
-    _run,
+    flag_while_waiting_for_a_checkpoint,
     make_loop,
+    run_cycles,
     running_job,
 )
 
@@ -59,13 +59,13 @@ def test_a_waited_eviction_reaches_the_value_metrics_and_the_latency(
         saved,
         latency,
     )
-    _flag_while_waiting_for_a_checkpoint(loop)
+    flag_while_waiting_for_a_checkpoint(loop)
     (waiting,) = loop.state.job_decisions("5")
     detected = float(waiting["detected_ts"])
     assert (spent.values, saved.values, latency.values) == ([], [], [])
-    _run(loop, 400, 5, {"node3": 2.0})
+    run_cycles(loop, 400, 5, {"node3": 2.0})
     loop.store.publish("5", events=[{"name": "checkpoint_end", "ts": clock(), "step": 440}])
-    _run(loop, 450, 1, {"node3": 2.0})
+    run_cycles(loop, 450, 1, {"node3": 2.0})
     decision = loop.state.decision(waiting["id"])
     assert (decision["state"], decision["after"], decision["node"]) == (
         "verified",
@@ -86,7 +86,7 @@ def _until_decided(loop: Loop) -> list[dict[str, Any]]:
     """Cycles of job 5 with node3 at 2x from step 0 until a decision about it is saved (40
     at most); its decisions."""
     for cycle in range(40):
-        _run(loop, cycle * 10, 1, {"node3": 2.0})
+        run_cycles(loop, cycle * 10, 1, {"node3": 2.0})
         if loop.state.job_decisions("5"):
             break
     return loop.state.job_decisions("5")
@@ -193,7 +193,7 @@ def test_a_slowdown_from_the_start_that_comes_back_after_the_requeue_is_not_evic
     (instead,) = set(job.nodes) - {"node1", "node2"}
     clock.advance(7200)  # the cooldown is long past
     for cycle in range(40):
-        _run(loop, cycle * 10, 1, {instead: 2.0})
+        run_cycles(loop, cycle * 10, 1, {instead: 2.0})
         later = [d for d in loop.state.job_decisions("5") if d["node"] == instead]
         if later:
             break

@@ -23,7 +23,7 @@ from slurm_plugin.service.state import ServiceState
 from slurm_plugin.store import hooks
 from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.conftest import copy_policies, wait_for
-from tests.integration.test_control_loop import NO_REQUEUE, NODES, Loop, _run, running_job
+from tests.integration.loop_harness import NO_REQUEUE, NODES, Loop, run_cycles, running_job
 from tests.integration.test_lifecycle_service import make_loop
 
 __all__ = ["make_loop"]
@@ -95,10 +95,10 @@ def test_a_node_turned_persistent_runs_its_hook_once_and_forgiven_the_other(
         },
     )
     ids = tuple(j.job_id for j in jobs)
-    _run(loop, 0, 40, {"node3": 2.0}, jobs=ids)
+    run_cycles(loop, 0, 40, {"node3": 2.0}, jobs=ids)
     assert loop.state.node_history("node3").state == "persistent"
     loop.service.hooks.join(30)
-    _run(loop, 400, 20, {"node3": 2.0}, jobs=ids)  # more incidents: still one mark
+    run_cycles(loop, 400, 20, {"node3": 2.0}, jobs=ids)  # more incidents: still one mark
     loop.service.hooks.join(30)
 
     (marked,) = [e for e in loop.state.audit() if e.get("action") == "mark"]

@@ -18,7 +18,7 @@ from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.conftest import RedisServer
-from tests.integration.test_control_loop import (
+from tests.integration.loop_harness import (
     NODES,
     Loop,
     held_job,
@@ -27,7 +27,7 @@ from tests.integration.test_control_loop import (
     running_job,
 )
 
-__all__ = ["make_loop"]  # the fixture, shared with test_control_loop
+__all__ = ["make_loop"]  # the fixture, from loop_harness
 pytestmark = pytest.mark.integration
 
 GRACE = 60.0

@@ -17,9 +17,9 @@ from slurm_plugin.model.cluster import NodeInfo
 from slurm_plugin.policy.verdict import UNKNOWN, recheck
 from slurm_plugin.service.waiting import probe
 from slurm_plugin.testing import FakeClock, FakeScheduler
-from tests.integration.test_control_loop import Loop, make_loop, publish, running_job
+from tests.integration.loop_harness import Loop, make_loop, publish, running_job
 
-__all__ = ["make_loop"]  # the fixture, shared with test_control_loop
+__all__ = ["make_loop"]  # the fixture, from loop_harness
 pytestmark = pytest.mark.integration
 
 

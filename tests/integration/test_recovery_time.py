@@ -11,7 +11,7 @@ from collections.abc import Callable
 from structlog.testing import capture_logs
 
 from slurm_plugin.testing import FakeClock, FakeScheduler
-from tests.integration.test_control_loop import NODES, Loop, _run, running_job
+from tests.integration.loop_harness import NODES, Loop, run_cycles, running_job
 from tests.integration.test_lifecycle_service import make_loop
 
 __all__ = ["make_loop"]
@@ -29,11 +29,11 @@ def test_a_requeue_is_timed_from_the_onset_to_the_first_healthy_step(
     loop = make_loop(slurm, clock, "a")
     with capture_logs() as logs:
         for cycle in range(10):  # its pace: 0.06 s a step
-            _run(loop, cycle * 10, 1, {})
+            run_cycles(loop, cycle * 10, 1, {})
             clock.advance(4)
         onset = clock()
         for cycle in range(10, 90):  # node3 computes 2x: 0.11 s a step
-            _run(loop, cycle * 10, 1, {"node3": 2.0})
+            run_cycles(loop, cycle * 10, 1, {"node3": 2.0})
             if evictions(loop):
                 break
         (decision,) = evictions(loop)
@@ -41,7 +41,7 @@ def test_a_requeue_is_timed_from_the_onset_to_the_first_healthy_step(
         requeued = clock()
         assert "node3" not in slurm.job_table["5"].nodes
         for cycle in range(10):  # the new attempt, at its pace again
-            _run(loop, 1000 + cycle * 10, 1, {})
+            run_cycles(loop, 1000 + cycle * 10, 1, {})
         healthy_by = clock()
     recovered = [e for e in logs if e["event"] == "service.recovered"]
     (timed,) = recovered

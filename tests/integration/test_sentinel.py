@@ -26,7 +26,7 @@ from slurm_plugin.telemetry.reporter import StepReporter
 from slurm_plugin.testing import FakeClock
 from tests.integration._sentinel import SentinelSet
 from tests.integration.conftest import SERVICE_LOG, Slurm, acl_users, wait_cycles, wait_for
-from tests.integration.test_control_loop import running_job
+from tests.integration.loop_harness import running_job
 from tests.integration.test_service import _submit
 
 pytestmark = pytest.mark.integration

@@ -12,9 +12,9 @@ from dataclasses import replace
 
 from slurm_plugin.policy.history import Incident, NodeHistory
 from slurm_plugin.testing import FakeClock, FakeScheduler
-from tests.integration.test_control_loop import NODES, Loop, make_loop, publish, running_job
+from tests.integration.loop_harness import NODES, Loop, make_loop, publish, running_job
 
-__all__ = ["make_loop"]  # the fixture, shared with test_control_loop
+__all__ = ["make_loop"]  # the fixture, from loop_harness
 
 BAD = ("node3", "node4")
 

@@ -13,7 +13,7 @@ from slurm_plugin.service.node_rails import NodeRails
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.conftest import RedisServer, wait_for
-from tests.integration.test_control_loop import running_job
+from tests.integration.loop_harness import running_job
 
 
 def _state(server: RedisServer, clock: FakeClock, retention_s: float = 86400) -> ServiceState:

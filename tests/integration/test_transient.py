@@ -13,9 +13,9 @@ from pathlib import Path
 from slurm_plugin.model.records import encode_steps
 from slurm_plugin.testing import FakeClock, FakeScheduler
 from tests.integration.conftest import copy_policies
-from tests.integration.test_control_loop import NODES, Loop, make_loop, running_job
+from tests.integration.loop_harness import NODES, Loop, make_loop, running_job
 
-__all__ = ["make_loop"]  # the fixture, shared with test_control_loop
+__all__ = ["make_loop"]  # the fixture, from loop_harness
 
 STEPS_PER_CYCLE = 10  # one cycle per second of the fake clock
 
