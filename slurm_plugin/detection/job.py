@@ -428,7 +428,8 @@ class JobDetector:
             ranks = [rank]
         else:
             ranks = [int(node_ranks[int(np.argmax(mean_z))])]
-        peer_ranks = self._others(node_index)
+        # The other nodes' ranks: a compute straggler's peers (an input one has none here).
+        peer_ranks = self._others(node_index) if kind == "compute" else node_ranks[:0]
         if kind == "compute":
             # Against the other nodes' ranks: the job's median rank is no healthy peer when
             # the node holds half the ranks (a two-node job's slow node read half its

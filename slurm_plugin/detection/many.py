@@ -308,11 +308,10 @@ def _keep_tails(
         tail = dets[j]._tail
         length = tail.z.shape[0] if tail is not None and tail.z.shape[1] == dets[j].world else 0
         by_length.setdefault(length, []).append(j)
-    names = window.names()
     for length, group in by_length.items():
         new = [values[group] for values in rows]
         if length:
-            old = [np.stack([getattr(dets[j]._tail, name) for j in group]) for name in names]
+            old = [np.stack([getattr(dets[j]._tail, name) for j in group]) for name in window.ROWS]
             new = [np.concatenate([a, b], axis=1) for a, b in zip(old, new, strict=True)]
         kept = [values[:, -keep:] for values in new]
         for i, j in enumerate(group):

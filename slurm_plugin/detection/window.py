@@ -42,21 +42,19 @@ class Window:
     offset: int = 0
 
 
-def names() -> list[str]:
-    """The per-row fields of a :class:`Window` (all but ``offset``), in order."""
-    return [f.name for f in fields(Window) if f.name != "offset"]
+#: The per-row fields of a :class:`Window` (all but ``offset``), in order.
+ROWS: tuple[str, ...] = tuple(f.name for f in fields(Window) if f.name != "offset")
 
 
 def join(tail: Window | None, block: Window, keep: int) -> tuple[Window, Window]:
     """``block`` preceded by ``tail`` (when it has the same ranks), its ``offset`` the row
     where the block starts; and the new tail, the joined rows' last ``keep``."""
-    rows = names()
     if tail is not None and tail.z.shape[1] == block.z.shape[1]:
         both: dict[str, Any] = {
-            n: np.concatenate([getattr(tail, n), getattr(block, n)]) for n in rows
+            n: np.concatenate([getattr(tail, n), getattr(block, n)]) for n in ROWS
         }
         joined = replace(block, **both)
     else:
         joined = block
     joined.offset = joined.z.shape[0] - block.z.shape[0]
-    return joined, Window(*(getattr(joined, n)[-keep:] for n in rows))
+    return joined, Window(*(getattr(joined, n)[-keep:] for n in ROWS))

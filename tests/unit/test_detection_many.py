@@ -131,7 +131,7 @@ def _state(job: JobDetector) -> dict[str, Any]:
         "level_steps": job._level_steps,
         "flagged": job._flagged,
         "sync": (job._sync._level, job._sync.flagged, job._sync._base),
-        "tail": {name: getattr(tail, name) for name in window.names()} if tail else None,
+        "tail": {name: getattr(tail, name) for name in window.ROWS} if tail else None,
         "calm": dict(episodes._calm),
         "calm_ts": dict(episodes._calm_ts),
         "block_ts": episodes._block_ts,
@@ -200,7 +200,7 @@ def test_records_left_waiting_hold_no_view_of_the_cycles_columns() -> None:
     det.advance()  # both jobs stacked: the warm-up's 20 steps, then the other 10
     tail = det._jobs["a"].detector._tail if det._jobs["a"].detector else None
     assert tail is not None
-    assert all(getattr(tail, name).base is None for name in window.names())
+    assert all(getattr(tail, name).base is None for name in window.ROWS)
     waiting = whole.take(slice(8 * 30, 8 * 30 + 7))  # step 30 of ranks 0-6: incomplete
     det.add("a", waiting)
     det.advance()
