@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,52 +17,17 @@ import redis
 
 from slurm_plugin import StepReporter
 from slurm_plugin.model import keys
-from slurm_plugin.model.records import StepRecord, encode_steps
-from slurm_plugin.store import registration
-from slurm_plugin.store.telemetry_store import Seen, TelemetryStore, connect
+from slurm_plugin.model.records import encode_steps
+from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 from slurm_plugin.telemetry import outlet as outlet_module
 from slurm_plugin.telemetry import relay_peers
 from slurm_plugin.telemetry.relay import Relay, parse_message
 from slurm_plugin.telemetry.relay_client import RelayClient, RelayTurnedAwayError
+from tests.integration import relay_harness as harness
 from tests.integration.conftest import RedisServer, wait_for
+from tests.integration.relay_harness import JOB, REPO
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
-JOB = "4242"
-
-
-def _ranks(
-    job_in_env: str, job: str, first: int, count: int, seconds: float, sock: Path, url: str
-) -> subprocess.Popen[str]:
-    env = {**os.environ, "SLURM_JOB_ID": job_in_env, "PYTHONPATH": str(REPO)}
-    argv = [sys.executable, "-m", "tests.integration._relay_ranks", job, str(first), str(count)]
-    return subprocess.Popen(
-        [*argv, str(seconds), str(sock), url],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _published(proc: subprocess.Popen[str]) -> int:
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
-    return int(json.loads(out.strip().splitlines()[-1])["published"])
-
-
-def _read_all(store: TelemetryStore) -> tuple[list[StepRecord], int, int]:
-    records, seen, after, repeats, malformed = [], Seen(), "0-0", 0, 0
-    while True:
-        page = store.read_steps(JOB, after=after, count=5000, seen=seen)
-        records.extend(page.records)
-        repeats += page.repeats
-        malformed += page.malformed
-        if page.last_id == after:
-            return records, repeats, malformed
-        after = page.last_id
 
 
 @pytest.fixture
@@ -92,7 +54,7 @@ def test_the_ranks_of_a_node_share_its_relays_one_connection(
 ) -> None:
     per_node = 64
     procs = [
-        _ranks(JOB, JOB, i * per_node, per_node, 6.0, relay.socket_path, private_redis.url)
+        harness.ranks(JOB, JOB, i * per_node, per_node, 6.0, relay.socket_path, private_redis.url)
         for i, relay in enumerate(relays)
     ]
     control = redis.Redis.from_url(private_redis.url)
@@ -101,12 +63,12 @@ def test_the_ranks_of_a_node_share_its_relays_one_connection(
     while time.monotonic() < deadline and all(p.poll() is None for p in procs):
         counts.append(_clients(control))
         time.sleep(0.25)
-    published = sum(_published(p) for p in procs)
+    published = sum(harness.published(p) for p in procs)
 
     ranks = per_node * len(relays)
     assert counts
     assert max(counts) <= len(relays), counts
-    records, repeats, malformed = _read_all(TelemetryStore(connect(private_redis.url)))
+    records, repeats, malformed = harness.read_all(TelemetryStore(connect(private_redis.url)))
     assert (len(records), repeats, malformed) == (published, 0, 0)
     assert len({r.rank for r in records}) == ranks
     # Every record carries its relay's node, never the one the rank claimed.
@@ -129,21 +91,21 @@ def test_a_relay_refuses_another_jobs_flush_and_the_rank_publishes_itself(
 ) -> None:
     # A process of job 7 claims to publish for job 4242: the relay refuses it; the reporter
     # then publishes to Redis itself (where per-job credentials, when on, stop it).
-    proc = _ranks("7", JOB, 0, 4, 2.0, relays[0].socket_path, private_redis.url)
-    published = _published(proc)
+    proc = harness.ranks("7", JOB, 0, 4, 2.0, relays[0].socket_path, private_redis.url)
+    published = harness.published(proc)
     assert relays[0].refused >= 1
     assert relays[0].flushes == 0
-    records, _, _ = _read_all(TelemetryStore(connect(private_redis.url)))
+    records, _, _ = harness.read_all(TelemetryStore(connect(private_redis.url)))
     assert len(records) == published > 0
     assert {r.node for r in records} == {"claimed"}
 
 
 def test_a_relay_that_stops_loses_nothing(private_redis: RedisServer, relays: list[Relay]) -> None:
-    proc = _ranks(JOB, JOB, 0, 16, 5.0, relays[0].socket_path, private_redis.url)
+    proc = harness.ranks(JOB, JOB, 0, 16, 5.0, relays[0].socket_path, private_redis.url)
     wait_for(lambda: relays[0].entries >= 2, 30, "the relay to store the ranks' flushes")
     relays[0].close()  # the reporters go on to Redis themselves
-    published = _published(proc)
-    records, _, malformed = _read_all(TelemetryStore(connect(private_redis.url)))
+    published = harness.published(proc)
+    records, _, malformed = harness.read_all(TelemetryStore(connect(private_redis.url)))
     assert (len(records), malformed) == (published, 0)
     assert {r.node for r in records} == {"node0", "claimed"}
     steps = {(r.rank, r.step) for r in records}
@@ -167,7 +129,7 @@ def test_straggler_relay_serves_until_sigterm(private_redis: RedisServer, tmp_pa
             time.sleep(0.1)
         assert sock.exists(), "the relay did not listen"
         assert oct(sock.stat().st_mode & 0o777) == oct(0o666)
-        published = _published(_ranks(JOB, JOB, 0, 4, 2.0, sock, private_redis.url))
+        published = harness.published(harness.ranks(JOB, JOB, 0, 4, 2.0, sock, private_redis.url))
     finally:
         relay.terminate()
         out, err = relay.communicate(timeout=30)
@@ -177,7 +139,7 @@ def test_straggler_relay_serves_until_sigterm(private_redis: RedisServer, tmp_pa
     assert counts["node"] == "nodeZ"
     assert counts["refused"] == 0
     assert 0 < counts["entries"] < counts["flushes"]
-    records, _, _ = _read_all(TelemetryStore(connect(private_redis.url)))
+    records, _, _ = harness.read_all(TelemetryStore(connect(private_redis.url)))
     assert len(records) == published > 0
     assert {r.node for r in records} == {"nodeZ"}
 
@@ -191,7 +153,7 @@ def test_a_flush_sent_again_after_a_missed_answer_is_stored_once(
     message = json.dumps({"job_id": JOB, "steps": [flush], "events": []}).encode()
     assert relay.publish([parse_message(message)]) is None
     assert relay.publish([parse_message(message)]) is None  # the reporter did not hear the answer
-    records, repeats, _ = _read_all(TelemetryStore(connect(private_redis.url)))
+    records, repeats, _ = harness.read_all(TelemetryStore(connect(private_redis.url)))
     assert [(r.rank, r.step, r.node) for r in records] == [(3, 7, "node0")]
     assert (relay.repeats, repeats) == (1, 0)
 
@@ -242,7 +204,7 @@ def test_connections_are_bounded_and_forgotten_when_they_close(
         for client in held:
             client.close()
         relay.close()
-    records, _, _ = _read_all(TelemetryStore(connect(private_redis.url)))
+    records, _, _ = harness.read_all(TelemetryStore(connect(private_redis.url)))
     assert sorted(r.rank for r in records) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
 
 
@@ -289,7 +251,7 @@ def test_a_rank_takes_to_a_relay_started_after_it(
     finally:
         reporter.close()
         relay.close()
-    records, repeats, malformed = _read_all(TelemetryStore(connect(private_redis.url)))
+    records, repeats, malformed = harness.read_all(TelemetryStore(connect(private_redis.url)))
     assert sorted(r.step for r in records) == list(range(step))
     assert (repeats, malformed) == (0, 0)
     direct = {r.step for r in records if r.node == "claimed"}
@@ -334,7 +296,7 @@ def test_a_nan_event_is_refused_and_the_relay_publishes_on(
     assert relay.invalid_events == 1
     store = TelemetryStore(connect(private_redis.url))
     assert [e["name"] for e in store.read_json(keys.job_events(JOB))] == ["ok"]
-    records, _, malformed = _read_all(store)
+    records, _, malformed = harness.read_all(store)
     assert ([(r.rank, r.step) for r in records], malformed) == ([(1, 0)], 0)
     assert [r.step for r in store.iter_steps("4243")] == [1]
 
@@ -358,147 +320,8 @@ def test_a_relay_that_cannot_publish_a_job_refuses_it_and_serves_the_others(
     assert "a bug in packing" in answer["error"], answer
     assert relay._handle(_message(JOB, 1, 5, []), JOB, 0)["ok"] is True
     assert all(thread.is_alive() for thread in relay._threads)
-    records, _, _ = _read_all(TelemetryStore(connect(private_redis.url)))
+    records, _, _ = harness.read_all(TelemetryStore(connect(private_redis.url)))
     assert [(r.rank, r.step) for r in records] == [(1, 5)]
-
-
-_SENDER = """
-import json, socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.connect(sys.argv[1])
-s.sendall(sys.stdin.buffer.read())
-print(s.makefile("rb").readline().decode().strip())
-"""
-
-
-def _send_as(uid: int, sock: Path, job: str) -> dict[str, object]:
-    """One flush for ``job`` from a process of user ``uid`` whose environment says it runs in
-    ``job`` (no Slurm cgroup here): the relay's answer."""
-    message = {
-        "job_id": job,
-        "steps": [encode_steps(0, "claimed", 0, 0, [(1, time.time(), 0.1, 0.08, 0.01, 0.01)])],
-        "events": [],
-    }
-    python = shutil.which("python3", path=_SYSTEM_PATH)
-    assert python is not None
-    proc = subprocess.run(
-        [python, "-c", _SENDER, str(sock)],
-        input=(json.dumps(message) + "\n").encode(),
-        capture_output=True,
-        env={"SLURM_JOB_ID": job, "PATH": _SYSTEM_PATH},
-        user=uid,
-        timeout=30,
-        check=True,
-        cwd="/",
-    )
-    answer: dict[str, object] = json.loads(proc.stdout)
-    return answer
-
-
-#: Where a Python every user can run is found (the project's may live under root's home).
-_SYSTEM_PATH = "/usr/bin:/bin:/usr/local/bin"
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="runs a sender as another user (root only)")
-@pytest.mark.skipif(
-    shutil.which("python3", path=_SYSTEM_PATH) is None, reason="no system python3 for the sender"
-)
-def test_a_process_of_another_user_cannot_publish_as_a_job(private_redis: RedisServer) -> None:
-    """Issue 38, item 5: without Slurm's cgroup plugin a process's job is its SLURM_JOB_ID,
-    which any process sets. A process of `nobody` claiming root's job 901 is refused (it is
-    not the user the prolog registered); one of `nobody` in a job registered as nobody's, and
-    one of root, are served; a job nobody registered is served only to root."""
-    nobody = pwd.getpwnam("nobody").pw_uid
-    client = redis.Redis.from_url(private_redis.url)
-    registration.register(client, "901", registration.Registration(user="root"))
-    registration.register(client, "902", registration.Registration(user="nobody"))
-    shared = Path(tempfile.mkdtemp(prefix="relay-"))  # a directory every user can traverse
-    shared.chmod(0o755)
-    relay = Relay(TelemetryStore(connect(private_redis.url)), "node1", shared / "relay.sock")
-    relay.start()
-    try:
-        refused = _send_as(nobody, relay.socket_path, "901")
-        assert refused["ok"] is False
-        assert refused.get("refused") is True
-        assert "may not publish for job 901 (its user: root)" in str(refused["error"])
-        assert _send_as(nobody, relay.socket_path, "902")["ok"] is True
-        assert _send_as(0, relay.socket_path, "901")["ok"] is True
-        unknown = _send_as(nobody, relay.socket_path, "903")
-        assert unknown["ok"] is False
-        assert "no registration" in str(unknown["error"])
-        assert _send_as(0, relay.socket_path, "903")["ok"] is True
-    finally:
-        relay.close()
-        shutil.rmtree(shared, ignore_errors=True)
-    assert relay.refused == 2
-    assert relay.flushes == 3
-
-
-_HOLDER = """
-import socket, sys
-held = []
-for _ in range(int(sys.argv[2])):
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(sys.argv[1])
-    held.append(s)
-print("ready", flush=True)
-sys.stdin.read()
-"""
-
-
-def _hold(uid: int, sock: Path, count: int, job: str | None) -> subprocess.Popen[str]:
-    """A process of user ``uid`` (in ``job``, or in none) that opens ``count`` connections to
-    the relay and holds them, idle, until its standard input closes."""
-    python = shutil.which("python3", path=_SYSTEM_PATH)
-    assert python is not None
-    env = {"PATH": _SYSTEM_PATH, **({"SLURM_JOB_ID": job} if job else {})}
-    proc = subprocess.Popen(
-        [python, "-c", _HOLDER, str(sock), str(count)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=env,
-        user=uid,
-        text=True,
-        cwd="/",
-    )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready"
-    return proc
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="runs holders as another user (root only)")
-@pytest.mark.skipif(
-    shutil.which("python3", path=_SYSTEM_PATH) is None, reason="no system python3 for holders"
-)
-def test_no_local_user_blinds_a_nodes_relay(private_redis: RedisServer) -> None:
-    """Issue 38, item 4: processes of `nobody` hold idle connections: 300 from no job, 200
-    from each of two jobs of its own and 50 from a third. The first are turned away at once
-    (they could never publish), the others stop at the bound per job and then per user; root's
-    job's 64 ranks on the node still publish every record through the relay."""
-    nobody = pwd.getpwnam("nobody").pw_uid
-    shared = Path(tempfile.mkdtemp(prefix="relay-"))  # a directory every user can traverse
-    shared.chmod(0o755)
-    relay = Relay(TelemetryStore(connect(private_redis.url)), "node0", shared / "relay.sock")
-    relay.start()
-    holders = []
-    try:
-        for count, job in ((300, None), (200, "902"), (200, "903"), (50, "904")):
-            holders.append(_hold(nobody, relay.socket_path, count, job))
-        per_job = relay_peers.MAX_PER_JOB
-        assert 2 * per_job == relay_peers.MAX_PER_USER
-        turned = {"no job": 300, "job": 2 * (200 - per_job), "user": 50}
-        wait_for(lambda: dict(relay.admission.turned_away) == turned, 30, "the holders' turn")
-        assert relay.admission.served == relay_peers.MAX_PER_USER
-        published = _published(_ranks(JOB, JOB, 0, 64, 3.0, relay.socket_path, private_redis.url))
-    finally:
-        for holder in holders:
-            holder.communicate(timeout=30)
-        relay.close()
-        shutil.rmtree(shared, ignore_errors=True)
-    records, repeats, _ = _read_all(TelemetryStore(connect(private_redis.url)))
-    assert (len(records), repeats) == (published, 0)
-    assert published >= 64 * 20
-    assert {r.node for r in records} == {"node0"}  # every one through the relay
 
 
 def test_ranks_over_the_bound_publish_to_redis_themselves_and_lose_nothing(
@@ -511,14 +334,14 @@ def test_ranks_over_the_bound_publish_to_redis_themselves_and_lose_nothing(
     relay = Relay(TelemetryStore(connect(private_redis.url)), "node0", tmp_path / "r.sock")
     relay.start()
     try:
-        proc = _ranks(JOB, JOB, 0, 8, 3.0, relay.socket_path, private_redis.url)
+        proc = harness.ranks(JOB, JOB, 0, 8, 3.0, relay.socket_path, private_redis.url)
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err[-2000:]
     finally:
         relay.close()
     result = json.loads(out.strip().splitlines()[-1])
     assert result["dropped"] == 0
-    records, repeats, _ = _read_all(TelemetryStore(connect(private_redis.url)))
+    records, repeats, _ = harness.read_all(TelemetryStore(connect(private_redis.url)))
     assert (len(records), repeats) == (result["published"], 0)
     by_node: dict[str, set[int]] = {}
     for record in records:
@@ -552,5 +375,5 @@ def test_a_line_nested_too_deep_is_refused_and_the_connection_serves_on(
         conn.close()
         relay.close()
     assert relay.refused == 1
-    records, _, _ = _read_all(TelemetryStore(connect(private_redis.url)))
+    records, _, _ = harness.read_all(TelemetryStore(connect(private_redis.url)))
     assert [(r.rank, r.step) for r in records] == [(1, 5)]

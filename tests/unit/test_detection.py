@@ -15,7 +15,6 @@ from slurm_plugin.detection import (
     DetectionParams,
     Detector,
     HangEvent,
-    RecordBatch,
     StragglerEvent,
     SyncStallEvent,
 )
@@ -26,27 +25,8 @@ from slurm_plugin.detection.params import (
     optimal_delay,
 )
 from slurm_plugin.detection.stats import cusum, row_median
-from slurm_plugin.model.records import StepRecord
+from tests.scenarios import detect
 from tests.scenarios.generator import JobSpec, drift, generate, step_change
-
-
-def _run(spec: JobSpec, params: DetectionParams | None = None) -> list[object]:
-    det = Detector(params)
-    det.add(spec.job_id, generate(spec))
-    return list(det.advance(final=True))
-
-
-def _reports(events: list[object]) -> list[StragglerEvent]:
-    """Every straggler report (a node still slow is reported again each re-arm period)."""
-    return [e for e in events if isinstance(e, StragglerEvent)]
-
-
-def _stragglers(events: list[object]) -> list[StragglerEvent]:
-    """The first report of each slow node (per attempt and cause)."""
-    firsts: dict[tuple[int, str, str], StragglerEvent] = {}
-    for e in _reports(events):
-        firsts.setdefault((e.attempt, e.node, e.cause), e)
-    return list(firsts.values())
 
 
 def test_cusum_arithmetic() -> None:
@@ -80,24 +60,25 @@ def test_row_median_is_numpys_nanmedian(rows: int, cols: int, cells: list[float]
     np.testing.assert_array_equal(row_median(values), expected)
 
 
-def test_a_rank_beyond_any_job_is_a_bad_record_not_an_allocation() -> None:
-    """One record claiming rank 10**12 is dropped and counted; it does not make the detector
-    size its arrays for a trillion ranks (which raised MemoryError for every job it held)."""
-    records = [
-        StepRecord("1", rank, "n1", 0, step, 100.0 + step, 1.0, 0.5, 0.1, 0.0)
-        for step in range(3)
-        for rank in (0, 1, 2, 3, 10**12)
-    ]
-    det = Detector()
-    det.add("1", RecordBatch.from_records(records))
-    assert det.advance(final=True) == []
-    assert det.bad_records == 3
+def test_a_capped_chart_is_the_recursion_and_forgets_an_old_shift() -> None:
+    """cusum with a cap equals S_t = min(cap, max(0, S_t-1 + Y_t)) step by step; after 300
+    steps of +2 the capped chart is back at 0 within cap/k steps, the uncapped one is not."""
+    rng = np.random.default_rng(1)
+    inc = np.r_[np.full(300, 2.0), np.full(100, -0.5)][:, None] + rng.normal(0, 0.1, (400, 2))
+    cap = np.full((400, 1), 10.0)
+    capped = cusum(inc, np.zeros(2), cap)
+    value = np.zeros(2)
+    for row in range(400):
+        value = np.clip(value + inc[row], 0.0, 10.0)
+        assert np.allclose(capped[row], value)
+    assert (capped[300 + 25] == 0).all()  # 10 / 0.5 = 20 steps after the shift
+    assert (cusum(inc, np.zeros(2))[-1] > 500).all()
 
 
 def test_healthy_job_with_stalls_checkpoints_and_jitter_raises_nothing() -> None:
     """Checkpoint pauses, global stalls (every rank x2) and dataloader jitter cancel out."""
     spec = JobSpec("1", 256, 1500, seed=3, stall_steps=(300, 301, 900), checkpoint_every=100)
-    assert _run(spec) == []
+    assert detect.run(spec) == []
 
 
 def test_one_slow_gpu_is_found_quickly_and_attributed() -> None:
@@ -107,7 +88,7 @@ def test_one_slow_gpu_is_found_quickly_and_attributed() -> None:
     slowest data loading, 1 % of rank-steps +20 %. Each report then costs the job under
     min_job_loss_pct, or barely reaches it.)"""
     spec = JobSpec("7", 256, 400, seed=4, compute_slow={77: step_change(0.30, 150)})
-    event, again, *_ = _reports(_run(spec))
+    event, again, *_ = detect.reports(detect.run(spec))
     rearm_s = DetectionParams().rearm_s  # ~48 steps of ~0.62 s: before rearm_steps (200)
     assert rearm_s <= again.ts - event.ts < rearm_s + 1.0
     assert (again.ranks, again.since_ts) == (event.ranks, event.since_ts)
@@ -124,7 +105,7 @@ def test_one_slow_gpu_is_found_quickly_and_attributed() -> None:
     assert event.job_loss_pct is not None
     assert event.job_loss_pct > DetectionParams().min_job_loss_pct
     mild = JobSpec("7", 256, 400, seed=4, compute_slow={77: step_change(0.05, 150)})
-    costs = [e.job_loss_pct for e in _reports(_run(mild))]
+    costs = [e.job_loss_pct for e in detect.reports(detect.run(mild))]
     assert costs
     assert all(c is not None and c <= DetectionParams().min_job_loss_pct for c in costs), costs
 
@@ -137,7 +118,7 @@ def test_a_slow_node_of_a_two_node_job_is_measured_against_the_other_node() -> N
     reads +44-50 %, and the job's loss (28.8 % by its own step times) 24-28 %, not 13-15 %."""
     slow = {r: step_change(0.5, 100) for r in range(8, 16)}
     spec = JobSpec("2n", 16, 400, seed=4, compute_slow=slow)
-    reports = _reports(_run(spec))
+    reports = detect.reports(detect.run(spec))
     assert {(e.node, e.scope) for e in reports} == {("n0001", "node")}
     for event in reports:
         assert 40.0 < event.slowdown_pct < 55.0, event
@@ -159,27 +140,29 @@ def test_ranks_slow_since_the_first_step_are_reported_as_slow_from_the_start() -
     work (labels of stages each held by one node say nothing), nor in a job of four nodes (a
     stage would show on two of them)."""
 
-    def reports(world: int, ranks: range, onset: int = 0, **kw: object) -> list[StragglerEvent]:
+    def slow_ranks(world: int, ranks: range, onset: int = 0, **kw: object) -> list[StragglerEvent]:
         slow = dict.fromkeys(ranks, step_change(0.25, onset))
         spec = JobSpec("pp", world, 400, seed=7, compute_slow=slow, **kw)  # type: ignore[arg-type]
-        found = _reports(_run(spec))
+        found = detect.reports(detect.run(spec))
         assert found
         assert {e.node for e in found} == {"n0001"}
         return found
 
-    stage = reports(16, range(14, 16))
+    stage = slow_ranks(16, range(14, 16))
     assert all(e.from_start and e.maybe_a_stage for e in stage)
     for shape in (range(15, 16), range(8, 16)):
-        assert all(e.from_start and not e.maybe_a_stage for e in reports(16, shape))
-    assert not any(e.from_start or e.maybe_a_stage for e in reports(16, range(14, 16), 150))
+        assert all(e.from_start and not e.maybe_a_stage for e in slow_ranks(16, shape))
+    assert not any(e.from_start or e.maybe_a_stage for e in slow_ranks(16, range(14, 16), 150))
     same_work = dict.fromkeys(range(16), "dp")
-    labelled = reports(16, range(14, 16), groups=same_work)
+    labelled = slow_ranks(16, range(14, 16), groups=same_work)
     assert not any(e.from_start or e.maybe_a_stage for e in labelled)
     # Labels of eight stages, two GPUs each (heavy seed 2's job 100013): a stage the node
     # holds alone has no labelled peer elsewhere, so its labels say nothing either way.
     stages = {r: f"stage{r // 2}" for r in range(16)}
-    assert all(e.from_start and e.maybe_a_stage for e in reports(16, range(14, 16), groups=stages))
-    assert all(e.from_start and not e.maybe_a_stage for e in reports(32, range(14, 16)))
+    assert all(
+        e.from_start and e.maybe_a_stage for e in slow_ranks(16, range(14, 16), groups=stages)
+    )
+    assert all(e.from_start and not e.maybe_a_stage for e in slow_ranks(32, range(14, 16)))
 
 
 def test_whole_slow_node_is_reported_once_with_scope_node() -> None:
@@ -187,7 +170,7 @@ def test_whole_slow_node_is_reported_once_with_scope_node() -> None:
     spec = JobSpec(
         "8", 128, 400, seed=5, compute_slow={r: step_change(0.08, 200) for r in range(16, 24)}
     )
-    (event,) = _stragglers(_run(spec))
+    (event,) = detect.first_reports(detect.run(spec))
     assert event.node == "n0002"
     assert event.scope == "node"
     assert event.gpu is None
@@ -197,7 +180,7 @@ def test_whole_slow_node_is_reported_once_with_scope_node() -> None:
 def test_slow_drift_is_caught_early() -> None:
     """A GPU drifting to +15 % is flagged while the drift is still small."""
     spec = JobSpec("9", 128, 1000, seed=6, compute_slow={5: drift(0.15, 100, 600)})
-    event, *later = _stragglers(_run(spec))  # later: the grown drift, reported again
+    event, *later = detect.first_reports(detect.run(spec))  # later: the grown drift, reported again
     assert all(e.ranks == [5] for e in later)
     assert event.ranks == [5]
     assert event.step < 100 + 600 * 0.3  # before the drift reaches +4.5 %
@@ -210,7 +193,7 @@ def test_a_shift_flagged_below_the_minimum_is_reported_again_soon() -> None:
     reported again within the job)."""
     spec = JobSpec("9", 128, 1000, seed=6, compute_slow={5: drift(0.15, 100, 600)})
     params = DetectionParams()
-    events = _reports(_run(spec, params))
+    events = detect.reports(detect.run(spec, params))
     first = events[0]
     over = next(e for e in events if e.slowdown_pct >= params.min_slowdown_pct)
     assert first.slowdown_pct < params.min_slowdown_pct
@@ -224,7 +207,7 @@ def test_a_shift_flagged_below_the_minimum_is_reported_again_soon() -> None:
 def test_slow_data_shard_is_input_not_compute() -> None:
     """A rank slowed by its data loading is reported as input and never as compute."""
     spec = JobSpec("10", 128, 500, seed=7, data_slow={40: step_change(0.25, 150)})
-    events = _stragglers(_run(spec))
+    events = detect.first_reports(detect.run(spec))
     assert {(tuple(e.ranks), e.cause) for e in events} == {((40,), "input")}
     assert 150 <= events[0].step < 200
 
@@ -232,7 +215,7 @@ def test_slow_data_shard_is_input_not_compute() -> None:
 def test_job_wide_comm_stall() -> None:
     """Wait rising on every rank with flat compute is a sync stall with no culprit."""
     spec = JobSpec("11", 64, 500, seed=8, comm_slow_from=250)
-    events = _run(spec)
+    events = detect.run(spec)
     assert [type(e) for e in events] == [SyncStallEvent]
     assert 250 <= events[0].step <= 270  # type: ignore[attr-defined]
 
@@ -255,180 +238,6 @@ def test_hang_names_the_rank_that_stopped_first() -> None:
     assert det.check_hangs(last + 61, only=["other"]) == []
 
 
-def test_world_size_one_and_identical_ranks_raise_nothing() -> None:
-    """One rank (nothing to compare) or perfectly equal ranks (MAD 0) never alarm."""
-    assert _run(JobSpec("13", 1, 300, seed=10)) == []
-    spec = JobSpec("14", 16, 300, noise=0.0, data_jitter=0.0, data_spike_p=0.0, compute_spike_p=0.0)
-    assert _run(spec) == []
-
-
-def test_rank_missing_for_100_steps_is_tolerated() -> None:
-    """A rank that stops reporting for 100 steps is not blamed; a real straggler still is."""
-    spec = JobSpec("15", 64, 600, seed=11, compute_slow={50: step_change(0.05, 400)})
-    batch = generate(spec)
-    keep = ~((batch.rank == 3) & (batch.step >= 100) & (batch.step < 200))
-    det = Detector()
-    det.add("15", batch.take(keep))
-    (event,) = _stragglers(list(det.advance(final=True)))
-    assert event.ranks == [50]
-
-
-def test_a_capped_chart_is_the_recursion_and_forgets_an_old_shift() -> None:
-    """cusum with a cap equals S_t = min(cap, max(0, S_t-1 + Y_t)) step by step; after 300
-    steps of +2 the capped chart is back at 0 within cap/k steps, the uncapped one is not."""
-    rng = np.random.default_rng(1)
-    inc = np.r_[np.full(300, 2.0), np.full(100, -0.5)][:, None] + rng.normal(0, 0.1, (400, 2))
-    cap = np.full((400, 1), 10.0)
-    capped = cusum(inc, np.zeros(2), cap)
-    value = np.zeros(2)
-    for row in range(400):
-        value = np.clip(value + inc[row], 0.0, 10.0)
-        assert np.allclose(capped[row], value)
-    assert (capped[300 + 25] == 0).all()  # 10 / 0.5 = 20 steps after the shift
-    assert (cusum(inc, np.zeros(2))[-1] > 500).all()
-
-
-def test_a_flagged_rank_gone_silent_is_not_reported_with_nothing_to_show() -> None:
-    """Rank 5, 2x slow and reported, stops reporting at step 400 while the job goes on: its
-    chart is still high, but no report follows without a measurement (the demo showed one
-    with slowdown NaN); the reports it had are all finite."""
-    spec = JobSpec("s", 32, 800, seed=4, compute_slow={5: step_change(1.0, 100)})
-    batch = generate(spec)
-    det = Detector()
-    det.add("s", batch.take(~((batch.rank == 5) & (batch.step >= 400))))
-    events = _reports(list(det.advance(final=True)))
-    assert events
-    assert all(math.isfinite(e.slowdown_pct) for e in events), events
-    assert max(e.step for e in events) < 400 + 32  # the window still holds measured steps
-
-
-def test_out_of_order_and_late_records() -> None:
-    """Records arriving shuffled in small batches give the same detection; records for
-    steps already processed are counted as late."""
-    spec = JobSpec("16", 64, 400, seed=12, compute_slow={9: step_change(0.05, 200)})
-    batch = generate(spec)
-    rng = np.random.default_rng(0)
-    det = Detector()
-    collected: list[object] = []
-    for start in range(0, spec.steps, 5):  # 5 steps at a time, shuffled inside
-        idx = np.flatnonzero((batch.step >= start) & (batch.step < start + 5))
-        det.add("16", batch.take(rng.permutation(idx)))
-        collected += det.advance()
-    det.add("16", batch.take(np.flatnonzero(batch.step == 3)))  # replayed old records
-    events = _stragglers([*collected, *det.advance(final=True)])
-    assert [e.ranks for e in events] == [[9]]
-    assert det.late_records == 64
-
-
-def test_nan_and_invalid_values_are_dropped_and_counted() -> None:
-    """NaN step times, negative or infinite phases are dropped; NaN phases mean missing."""
-    spec = JobSpec("17", 16, 100, seed=13)
-    batch = generate(spec)
-    batch.step_s[:5] = np.nan
-    batch.compute_s[5:8] = -1.0
-    batch.comm_s[8] = np.inf
-    batch.compute_s[20:40] = np.nan  # not measured: allowed
-    det = Detector()
-    det.add("17", batch)
-    assert det.advance(final=True) == []
-    assert det.bad_records == 9
-
-
-def test_restart_starts_a_new_attempt() -> None:
-    """A higher attempt resets the job's state; its events carry the attempt; stale records
-    of the old attempt are ignored."""
-    first = JobSpec("18", 64, 300, seed=14, compute_slow={10: step_change(0.05, 100)})
-    second = JobSpec(
-        "18",
-        64,
-        300,
-        seed=15,
-        attempt=1,
-        start_ts=1_700_010_000.0,
-        compute_slow={20: step_change(0.05, 150)},
-    )
-    det = Detector()
-    det.add("18", generate(first))
-    events = _stragglers(list(det.advance(final=True)))
-    det.add("18", generate(second))
-    det.add("18", generate(first).take(np.arange(64)))  # a straggling record of attempt 0
-    events += _stragglers(list(det.advance(final=True)))
-    assert [(e.attempt, e.ranks) for e in events] == [(0, [10]), (1, [20])]
-
-
-finite = st.floats(min_value=0.0, max_value=1e6, allow_nan=False, allow_infinity=False)
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    st.integers(min_value=1, max_value=12),
-    st.lists(
-        st.tuples(
-            st.integers(0, 11),
-            st.integers(0, 40),
-            st.integers(0, 2),
-            finite,
-            finite,
-            st.one_of(st.none(), finite),
-            st.one_of(st.none(), finite),
-        ),
-        min_size=1,
-        max_size=300,
-    ),
-)
-def test_detector_never_raises_on_arbitrary_finite_input(
-    world: int, rows: list[tuple[int, int, int, float, float, float | None, float | None]]
-) -> None:
-    """Any finite records, in any order and shape, are accepted without an exception."""
-    nan = float("nan")
-    rows = [r for r in rows if r[0] < world]
-    if not rows:
-        return
-    batch = RecordBatch(
-        rank=np.array([r[0] for r in rows], dtype=np.int64),
-        step=np.array([r[1] for r in rows], dtype=np.int64),
-        attempt=np.array([r[2] for r in rows], dtype=np.int64),
-        gpu=np.zeros(len(rows), dtype=np.int64),
-        ts=np.array([1e9 + r[1] for r in rows], dtype=np.float64),
-        step_s=np.array([r[3] for r in rows]),
-        compute_s=np.array([r[4] for r in rows]),
-        comm_s=np.array([nan if r[5] is None else r[5] for r in rows]),
-        data_s=np.array([nan if r[6] is None else r[6] for r in rows]),
-        node=[f"n{r[0] // 4}" for r in rows],
-    )
-    det = Detector(DetectionParams(warmup_steps=2, min_world_size=2))
-    det.add("99", batch)
-    det.advance()
-    det.advance(final=True)
-    det.check_hangs(2e9)
-
-
-def test_after_a_restart_ranks_are_bound_to_their_new_nodes() -> None:
-    """Issue 13: attempt 0 ran on node1-3 (node3 slow, excluded); attempt 1 runs on node1,
-    node2, node4 and node4 is slow: the straggler is node4, never the excluded node3."""
-
-    def attempt(number: int, nodes: list[str], slow: str, steps: range) -> RecordBatch:
-        rng = np.random.default_rng(number)
-        records = [
-            StepRecord("7", 2 * i + g, node, g, step, 1000.0 + step, 0.2,
-                       0.1 * (2.0 if node == slow else 1.0) * (1 + 0.01 * rng.normal()),
-                       0.05, 0.0, number)
-            for step in steps
-            for i, node in enumerate(nodes)
-            for g in range(2)
-        ]  # fmt: skip
-        return RecordBatch.from_records(records)
-
-    detector = Detector()
-    detector.add("7", attempt(0, ["node1", "node2", "node3"], "node3", range(60)))
-    first = [e for e in detector.advance() if isinstance(e, StragglerEvent)]
-    assert {e.node for e in first} == {"node3"}
-    detector.add("7", attempt(1, ["node1", "node2", "node4"], "node4", range(80)))
-    second = [e for e in detector.advance() if isinstance(e, StragglerEvent)]
-    assert second
-    assert {e.node for e in second} == {"node4"}
-
-
 def _step_ts(spec: JobSpec, step: int) -> float:
     """When ``step`` began in the generated job (the end of the step before)."""
     batch = generate(spec)
@@ -446,7 +255,7 @@ def test_a_slowdown_going_on_keeps_its_age_and_one_that_ended_is_over() -> None:
         for r in range(8, 16)
     }
     spec = JobSpec("ep", 64, 420, seed=21, compute_slow=slow, checkpoint_every=0)
-    reports = [e for e in _reports(_run(spec)) if e.node == "n0001"]
+    reports = [e for e in detect.reports(detect.run(spec)) if e.node == "n0001"]
     first = [e for e in reports if e.step < 200]
     second = [e for e in reports if e.step >= 260]
     assert first
@@ -457,7 +266,7 @@ def test_a_slowdown_going_on_keeps_its_age_and_one_that_ended_is_over() -> None:
     )
     lasting = JobSpec("ep", 64, 420, seed=21, checkpoint_every=0)
     lasting.compute_slow = {r: step_change(1.0, 100) for r in range(8, 16)}
-    going_on = [e for e in _reports(_run(lasting)) if e.node == "n0001"]
+    going_on = [e for e in detect.reports(detect.run(lasting)) if e.node == "n0001"]
     assert len(going_on) >= 3
     began = _step_ts(lasting, 100)
     assert [e.since_ts for e in going_on] == [pytest.approx(began, abs=1.0)] * len(going_on)
@@ -470,7 +279,7 @@ def test_two_bad_nodes_in_one_job_do_not_hide_each_other() -> None:
     job its full share."""
     slow = {r: step_change(0.30, 100) for r in (*range(8, 16), *range(40, 48))}
     spec = JobSpec("two", 64, 600, seed=9, compute_slow=slow)
-    reports = _reports(_run(spec))
+    reports = detect.reports(detect.run(spec))
     costs: dict[str, list[float]] = {}
     for e in reports:
         costs.setdefault(e.node, []).append(e.job_loss_pct or 0.0)
@@ -538,7 +347,7 @@ def test_a_rank_whose_first_records_come_late_is_placed_on_its_own_node() -> Non
     det.add("19", batch.take(early & (batch.rank != 20)))
     collected = list(det.advance())
     det.add("19", batch.take(~early | (batch.rank == 20)))
-    events = _stragglers([*collected, *det.advance(final=True)])
+    events = detect.first_reports([*collected, *det.advance(final=True)])
     assert events, "the slow rank was not found"
     assert {e.node for e in events} == {"n3"}, events
 
@@ -550,8 +359,8 @@ def test_a_node_that_slows_its_collectives_too_costs_the_job_that_as_well() -> N
     node = {r: step_change(0.5, 150) for r in range(8, 16)}
     plain = JobSpec("9", 32, 400, seed=3, compute_slow=node)
     slower = JobSpec("9", 32, 400, seed=3, compute_slow=node, comm_slow_from=150)
-    first = _stragglers(_run(plain))[0]
-    both = _stragglers(_run(slower))[0]
+    first = detect.first_reports(detect.run(plain))[0]
+    both = detect.first_reports(detect.run(slower))[0]
     assert (first.node, both.node) == ("n0001", "n0001")  # ranks 8..15: the second node
     assert first.job_loss_pct is not None
     assert both.job_loss_pct is not None
@@ -560,9 +369,11 @@ def test_a_node_that_slows_its_collectives_too_costs_the_job_that_as_well() -> N
     extra = 100.0 * 2 * spec.transfer_s / (spec.compute_s * 1.5 + 3 * spec.transfer_s)
     assert both.job_loss_pct - first.job_loss_pct == pytest.approx(extra, rel=0.35)
     from_start = {r: step_change(0.5, 0) for r in range(8, 16)}
-    plain0 = _stragglers(_run(JobSpec("9", 32, 400, seed=3, compute_slow=from_start)))[0]
+    plain0 = detect.first_reports(
+        detect.run(JobSpec("9", 32, 400, seed=3, compute_slow=from_start))
+    )[0]
     both0 = JobSpec("9", 32, 400, seed=3, compute_slow=from_start, comm_slow_from=0)
-    slower0 = _stragglers(_run(both0))[0]
+    slower0 = detect.first_reports(detect.run(both0))[0]
     assert plain0.job_loss_pct is not None
     assert slower0.job_loss_pct is not None
     assert slower0.job_loss_pct <= plain0.job_loss_pct  # no baseline: nothing added
