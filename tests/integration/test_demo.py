@@ -21,7 +21,7 @@ from slurm_plugin.policy.loader import load_policy
 from slurm_plugin.store import decision as decision_record
 from slurm_plugin.trace import read_trace
 from slurm_plugin.trace_meta import read_context
-from tests.integration.test_stacks import check_why
+from tests.integration.demo_why import check_why
 
 #: A real training job whose timings are asserted: run with nothing beside it.
 pytestmark = pytest.mark.alone

@@ -26,6 +26,7 @@ from slurm_plugin.service.factory import build
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.store import credentials
+from tests.integration.cluster_jobs import submit
 from tests.integration.conftest import (
     REPO,
     SERVICE_LOG,
@@ -39,7 +40,6 @@ from tests.integration.conftest import (
     wait_for,
     wait_gone,
 )
-from tests.integration.test_service import _submit
 
 WRAPPER = """#!/bin/sh
 # Test wrapper around the real scontrol; fires an armed fault once.
@@ -218,7 +218,7 @@ def test_service_killed_during_an_eviction(
     """SIGKILL at each step of the eviction; the next service finishes or abandons it."""
     faults.arm(match, when, KILL_SERVICE)
     first = services.start()
-    job = _submit(slurm, job_dir, "evict")
+    job = submit(slurm, job_dir, "evict")
     wait_for(lambda: faults.fired, 90, f"the fault at {when} {match}")
     first.wait(timeout=30)
     assert first.returncode == -signal.SIGKILL
@@ -241,7 +241,7 @@ def test_scontrol_timing_out_leaves_no_job_held(
     service finds out from Slurm and finishes (or gives up and tries again)."""
     faults.arm("requeuehold", when, HANG)
     service = services.start()
-    job = _submit(slurm, job_dir, "evict")
+    job = submit(slurm, job_dir, "evict")
     wait_for(lambda: faults.fired, 90, "the hanging requeuehold")
     assert_clean_outcome(slurm, state, job, faults)
     assert service.poll() is None, "the service died"
@@ -271,7 +271,7 @@ def test_slurmctld_restarted_during_an_eviction(
     stop = f"kill {pid}; while kill -0 {pid} 2>/dev/null; do sleep 0.1; done"
     faults.arm(match, "after", stop)
     service = services.start()
-    job = _submit(slurm, job_dir, "evict")
+    job = submit(slurm, job_dir, "evict")
     try:
         wait_for(lambda: faults.fired, 90, "slurmctld to be killed")
         # The observable event: the service's next Slurm call, made to the dead controller (an
@@ -319,7 +319,7 @@ def test_redis_restarted_while_the_service_runs(
     service survives, cycles again and still decides about the slow node."""
     faults.arm("no-such-command", "after", "true")
     service = services.start()
-    job = _submit(slurm, job_dir, "observe")  # observe: detection happens, nothing acts
+    job = submit(slurm, job_dir, "observe")  # observe: detection happens, nothing acts
     slurm.wait_job(job, "RUNNING")
     store = build(load_settings(redis={"url": aof_redis.url}))[2]
     wait_for(lambda: bool(store.latest_steps(job, entries=1)), 60, "the ranks to publish")
@@ -358,7 +358,7 @@ def test_redis_restarted_in_the_middle_of_an_eviction(
     pidfile = aof_redis.directory / f"redis-{aof_redis.port}.pid"
     faults.arm("requeuehold", "after", f'kill -9 "$(cat {pidfile})"')
     service = services.start()
-    job = _submit(slurm, job_dir, "evict")
+    job = submit(slurm, job_dir, "evict")
     wait_for(lambda: faults.fired, 90, "Redis to be killed after the requeuehold")
     services.wait_failed_cycles(2, "Redis being away")
     assert slurm.job(job)["Priority"] == "0", "the job should be held while Redis is away"
@@ -395,7 +395,7 @@ def test_redis_without_data_restarted_mid_eviction(
     pidfile = bare_redis.directory / f"redis-{bare_redis.port}.pid"
     faults.arm("requeuehold", "after", f'kill -9 "$(cat {pidfile})"')
     service = services.start()
-    job = _submit(slurm, job_dir, "evict")
+    job = submit(slurm, job_dir, "evict")
     wait_for(lambda: faults.fired, 90, "Redis to be killed after the requeuehold")
     services.wait_failed_cycles(1, "Redis being away")
     assert slurm.job(job)["Priority"] == "0", "the job should be held while Redis is away"
@@ -429,7 +429,7 @@ def test_observe_and_dry_run_change_nothing_on_the_cluster(
     change at all."""
     faults.arm("no-such-command", "after", "true")  # the wrapper only counts
     services.start(*args)
-    job = _submit(slurm, job_dir, policy)
+    job = submit(slurm, job_dir, policy)
     slurm.wait_job(job, "RUNNING")
     wait_for(lambda: bool(state.job_decisions(job)), 90, "a decision about node3")
     state.pause(600)
@@ -474,7 +474,7 @@ def test_slurmctld_stopped_for_30_seconds_forgets_and_revokes_nothing(
     }
     state = build(load_settings(redis={"url": url}))[1]
     service = services.start()
-    job = _submit(slurm, job_dir, "observe")  # observe: detection happens, nothing acts
+    job = submit(slurm, job_dir, "observe")  # observe: detection happens, nothing acts
     slurm.wait_job(job, "RUNNING")
     credentials.issue(state.client, job)  # what the prolog does with job_credentials = true
     user = credentials.username(job)

@@ -16,8 +16,8 @@ from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.devcluster.accounting import SERVICE_ACCOUNT
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
+from tests.integration.cluster_jobs import RAILS, one_earlier_incident, submit
 from tests.integration.conftest import SERVICE_LOG, Slurm, copy_policies, wait_for
-from tests.integration.test_service import RAILS, _submit, one_earlier_incident
 
 pytestmark = pytest.mark.integration
 
@@ -92,7 +92,7 @@ def test_slurm_refuses_the_account_without_operator_and_obeys_it_with(
     another user's job; Operator may requeue-hold and release it (as soon as slurmdbd tells
     slurmctld) but may neither drain a node nor set a job's AdminComment."""
     accounting.accounting.add_user(SERVICE_ACCOUNT, admin_level="None")
-    job = _submit(slurm, job_dir, "observe", nodes=2)
+    job = submit(slurm, job_dir, "observe", nodes=2)
     slurm.wait_job(job, "RUNNING")
     try:
         wait_for(
@@ -161,7 +161,7 @@ def test_the_service_as_its_own_account_drains_resumes_and_evicts_with_admin(
         return [a for a in entries if a.get("node") == "node3" and a.get("state") == final]
 
     one_earlier_incident(state, "node3")
-    job = _submit(slurm, job_dir, "evict-aggressive")
+    job = submit(slurm, job_dir, "evict-aggressive")
     slurm.wait_job(job, "RUNNING")
     request.node.stash[SERVICE_LOG] = tmp_path / "service.log"
     straggler = str(account_bin / "straggler")

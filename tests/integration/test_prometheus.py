@@ -22,8 +22,8 @@ from slurm_plugin.demo.run import start_service
 from slurm_plugin.errors import ConfigError
 from slurm_plugin.service.metrics import Metrics
 from slurm_plugin.service.state import ServiceState
+from tests.integration.cluster_jobs import submit
 from tests.integration.conftest import SERVICE_LOG, Slurm, free_port, wait_for
-from tests.integration.test_service import _submit
 
 pytestmark = pytest.mark.integration
 
@@ -130,7 +130,7 @@ def test_every_dashboard_query_answers_during_an_eviction(
     )
     try:
         url = prometheus(metrics_port)
-        job = _submit(slurm, job_dir, "evict")
+        job = submit(slurm, job_dir, "evict")
         slurm.wait_job(job, "RUNNING")
 
         def verified() -> bool:

@@ -343,9 +343,9 @@ def test_forged_events_never_break_a_cycle(
     from slurm_plugin.config import load_settings  # noqa: PLC0415
     from slurm_plugin.service.factory import build  # noqa: PLC0415
     from slurm_plugin.service.loop import Service  # noqa: PLC0415
-    from tests.integration.test_service import _submit  # noqa: PLC0415
+    from tests.integration.cluster_jobs import submit  # noqa: PLC0415
 
-    job = _submit(slurm, job_dir, "observe", seconds=60)
+    job = submit(slurm, job_dir, "observe", seconds=60)
     slurm.wait_job(job, "RUNNING")
     store = TelemetryStore(connect(env["STRAGGLER_REDIS_URL"]))
     stream = keys.job_events(job)
@@ -376,9 +376,9 @@ def test_service_revokes_credentials_of_vanished_jobs(
     from slurm_plugin.config import load_settings  # noqa: PLC0415
     from slurm_plugin.service.factory import build  # noqa: PLC0415
     from slurm_plugin.service.loop import Service  # noqa: PLC0415
-    from tests.integration.test_service import _submit  # noqa: PLC0415
+    from tests.integration.cluster_jobs import submit  # noqa: PLC0415
 
-    job = _submit(slurm, job_dir, "observe", seconds=60)
+    job = submit(slurm, job_dir, "observe", seconds=60)
     slurm.wait_job(job, "RUNNING")
     admin = connect(private_redis.url, decode=True)
     assert isinstance(admin, redis.Redis)

@@ -25,9 +25,9 @@ from slurm_plugin.store.telemetry_store import TelemetryStore, connect
 from slurm_plugin.telemetry.reporter import StepReporter
 from slurm_plugin.testing import FakeClock
 from tests.integration._sentinel import SentinelSet
+from tests.integration.cluster_jobs import submit
 from tests.integration.conftest import SERVICE_LOG, Slurm, acl_users, wait_cycles, wait_for
 from tests.integration.loop_harness import running_job
-from tests.integration.test_service import _submit
 
 pytestmark = pytest.mark.integration
 
@@ -200,7 +200,7 @@ def test_the_master_dies_mid_eviction(
     try:
         old = sentinels.master_port()
         watch = redis.Redis(port=old, decode_responses=True)
-        job = _submit(slurm, job_dir, "evict")
+        job = submit(slurm, job_dir, "evict")
         slurm.wait_job(job, "RUNNING")
         planned = _await_plan(watch, job, timeout_s=180)
         killed = sentinels.kill_master()  # the plan is written; Slurm not yet (or just) asked

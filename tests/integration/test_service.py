@@ -18,44 +18,12 @@ from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.health.checks import Finding
 from slurm_plugin.health.hook import HookResult, _redis_prolog
 from slurm_plugin.model import keys
-from slurm_plugin.policy.history import Incident, NodeHistory
 from slurm_plugin.service.state import ServiceState
 from slurm_plugin.slurm import marks
 from slurm_plugin.slurm.parsers import parse_squeue_json
 from slurm_plugin.store import hooks
+from tests.integration.cluster_jobs import RAILS, REPO, one_earlier_incident, submit
 from tests.integration.conftest import Slurm, wait_cycles, wait_for
-
-REPO = Path(__file__).resolve().parents[2]
-HOSTILE_NAME = 'it\'s; "a" $(job) name'
-
-
-def _submit(
-    slurm: Slurm,
-    job_dir: Path,
-    policy: str,
-    nodes: int = 3,
-    seconds: int = 300,
-    slow: str = "node3",
-    factor: float = 1.5,
-) -> str:
-    # node3 at 1.5x costs the job ~29 % of its step time: an eviction pays (~520 s saved
-    # against the 180 s restart plus the work lost) until ~3 minutes into the job. At 1.2x
-    # (~14 %) it paid only for the first ~40 s, which a slow CI machine's start-up used up.
-    return slurm.sbatch(
-        f"-N{nodes}",
-        "--ntasks-per-node=2",
-        "--requeue",
-        "-t",
-        "30",
-        "-J",
-        HOSTILE_NAME,
-        f'--comment=straggler:policy={policy}; note="quoted; value"',
-        f"--output={job_dir / 'job-%j.log'}",
-        "--chdir",
-        str(REPO),
-        "--wrap",
-        f"srun {sys.executable} -m tests.integration._fake_rank {seconds} {slow} {factor}",
-    )
 
 
 def _decisions(state: ServiceState, job: str) -> dict[str, dict[str, str]]:
@@ -87,7 +55,7 @@ def test_evict_requeues_the_job_without_the_slow_node(
     """Under `evict` the service requeues the job excluding node3: Restarts=1, running on
     other nodes, one verified decision, and the forged node9 evidence ignored."""
     _ensure_main()
-    job = _submit(slurm, job_dir, "evict")
+    job = submit(slurm, job_dir, "evict")
     started = slurm.wait_job(job, "RUNNING")
     assert "node3" in slurm.job_nodes(job)
     t0 = time.time()
@@ -148,7 +116,7 @@ def test_observe_records_and_changes_nothing_in_slurm(
 ) -> None:
     """Under `observe` the decision about node3 is recorded (with why nothing was done) and
     Slurm is left as it was: no requeue, no AdminComment note."""
-    job = _submit(slurm, job_dir, "observe")
+    job = submit(slurm, job_dir, "observe")
     slurm.wait_job(job, "RUNNING")
     wait_for(
         lambda: any(d.get("node") == "node3" for d in _decisions(state, job).values()),
@@ -167,7 +135,7 @@ def test_no_eviction_when_too_few_nodes_would_remain(
     slurm: Slurm, job_dir: Path, state: ServiceState, service: subprocess.Popen[bytes]
 ) -> None:
     """A job on every node cannot lose one: the decision records why it was not evicted."""
-    job = _submit(slurm, job_dir, "evict", nodes=4)
+    job = submit(slurm, job_dir, "evict", nodes=4)
     slurm.wait_job(job, "RUNNING")
 
     def about_node3() -> list[dict[str, str]]:
@@ -203,7 +171,7 @@ def test_breaker_and_pause_stop_actions(
         cwd=REPO,
     ).stdout
     assert "circuit breaker: test: 9 straggler nodes" in out
-    job = _submit(slurm, job_dir, "evict")
+    job = submit(slurm, job_dir, "evict")
     slurm.wait_job(job, "RUNNING")
     wait_for(lambda: _straggler_decisions(state, job) != [], 60, "a straggler decision")
     # Only the straggler's decision says what held it back (a report of another kind, which
@@ -252,7 +220,7 @@ def test_restarted_service_releases_a_job_held_mid_eviction(
 ) -> None:
     """The service died after `requeuehold` (its decision says 'held'): the next service
     excludes the node and releases the job, without a second requeue."""
-    job = _submit(slurm, job_dir, "observe")
+    job = submit(slurm, job_dir, "observe")
     slurm.wait_job(job, "RUNNING")
     decision_id = marks.new_decision_id()
     state.save_decision(
@@ -292,27 +260,6 @@ def test_restarted_service_releases_a_job_held_mid_eviction(
 # a slowdown is an incident from its first report (the shipped rail wants 300 s of it, longer
 # than this test), and a 4-node lab partition may lose half of its nodes (the default 5 %
 # would refuse, as the service log says).
-RAILS = {
-    "STRAGGLER_SERVICE_DEFAULT_POLICY": "evict-aggressive",
-    "STRAGGLER_SERVICE_DRAIN_PERSISTENT": "true",
-    "STRAGGLER_SAFETY": '{"max_partition_drained_fraction": 0.5}',
-    "STRAGGLER_PERSISTENCE": '{"incidents": 2, "sustained_s": 0}',
-}
-
-
-def one_earlier_incident(state: ServiceState, node: str) -> None:
-    """``node`` was slow in another job a minute ago (a suspect): its next incident makes it a
-    persistent straggler under :data:`RAILS`."""
-    state.save_node_history(
-        NodeHistory(
-            node,
-            incidents=(Incident("999", time.time() - 60),),
-            state="suspect",
-            last_incident=time.time() - 60,
-        )
-    )
-
-
 @pytest.mark.release
 def test_persistent_node_is_drained_and_forgiven(
     slurm: Slurm, job_dir: Path, state: ServiceState, env: dict[str, str], tmp_path: Path
@@ -322,7 +269,7 @@ def test_persistent_node_is_drained_and_forgiven(
     once, as JSON; `node forgive` resumes it and queues the forgiven hook; a node drained by
     hand is left alone."""
     one_earlier_incident(state, "node3")
-    job = _submit(slurm, job_dir, "evict-aggressive")
+    job = submit(slurm, job_dir, "evict-aggressive")
     slurm.wait_job(job, "RUNNING")
     told = tmp_path / "hook.jsonl"
     hook = tmp_path / "hook.py"

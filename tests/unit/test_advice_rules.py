@@ -15,8 +15,9 @@ from slurm_plugin.policy.decide import JobContext
 from slurm_plugin.policy.lifecycle import Advise, Close, Evict, Waiting, World
 from slurm_plugin.policy.loader import JobOptions, apply_job_overrides
 from slurm_plugin.store import advice, job_state
-from tests.unit.test_decide import BASE_JOB, NODES, NOW, POLICIES
-from tests.unit.test_lifecycle import _event, _world
+from tests.scenarios.decisions import BASE_JOB, NODES, NOW, POLICIES
+from tests.scenarios.decisions import slowdown as _event
+from tests.scenarios.decisions import world as _world
 
 
 def _advising(now: float = NOW) -> World:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,60 +18,10 @@ from slurm_plugin.policy.decide import (
     is_slowdown,
     outlook,
 )
-from slurm_plugin.policy.loader import (
-    load_policies,
-)
 from slurm_plugin.policy.rails import SafetyPolicy
-
-NOW = 1_700_000_000.0
-REPO = Path(__file__).resolve().parents[2]
-POLICIES = load_policies(REPO / "policies")
-NODES = tuple(
-    NodeInfo(f"node{i}", "allocated" if i < 4 else "idle", (), "", ("debug",)) for i in range(1, 5)
-)
-
-
-BASE_JOB = JobInfo(
-    job_id="5",
-    name="train",
-    state="RUNNING",
-    reason="None",
-    nodes=("node1", "node2", "node3"),
-    excluded=(),
-    restarts=0,
-    requeue=True,
-    comment="",
-    admin_comment="",
-    partition="debug",
-    node_count=3,
-    user="alice",
-    time_limit_s=4 * 3600.0,
-    start_time=NOW - 600,
-)
-
-
-def _job(**overrides: Any) -> JobInfo:
-    return replace(BASE_JOB, **overrides)
-
-
-def _event(
-    slowdown: float = 10.0, cause: str = "compute", lasted_s: float = 900.0
-) -> StragglerEvent:
-    """A detection at NOW of a slowdown that began ``lasted_s`` ago (by default long enough to
-    be taken for a lasting one)."""
-    return StragglerEvent(
-        job_id="5",
-        node="node3",
-        gpu=1,
-        ranks=[5],
-        step=100,
-        ts=NOW,
-        cusum_ratio=1.2,
-        slowdown_pct=slowdown,
-        cause=cause,  # type: ignore[arg-type]
-        scope="gpu",
-        since_ts=NOW - lasted_s,
-    )
+from tests.scenarios.decisions import NODES, NOW, POLICIES
+from tests.scenarios.decisions import event as _event
+from tests.scenarios.decisions import job as _job
 
 
 def _decide(

@@ -6,31 +6,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from slurm_plugin.detection import StragglerEvent
-from slurm_plugin.model.cluster import JobInfo, NodeInfo
+from slurm_plugin.model.cluster import NodeInfo
 from slurm_plugin.policy import lifecycle
 from slurm_plugin.policy.decide import ClusterContext, JobContext
 from slurm_plugin.policy.lifecycle import RECHECK_GAVE_UP, Close, Rechecking, Record, World
-from tests.unit.test_decide import BASE_JOB, NODES, NOW, POLICIES
-from tests.unit.test_decide import _event as decide_event
-
-
-def _world(now: float, job: JobInfo = BASE_JOB) -> World:
-    """The shipped evict policy; a re-check that never has anything to look at (the job's
-    newest steps never show the node: restarted with other step numbers, say)."""
-    return World(
-        job,
-        POLICIES["evict"],
-        JobContext(last_checkpoint_ts=now - 60),
-        ClusterContext(nodes=tuple(NodeInfo(n.name, "idle", (), "", ("debug",)) for n in NODES)),
-        now,
-        lambda _event, _since: None,
-    )
-
-
-def _event() -> StragglerEvent:
-    """node3 at +40 %, a quarter of the job's time, for 15 minutes."""
-    return replace(decide_event(40.0), job_loss_pct=25.0)
+from tests.scenarios.decisions import NOW, POLICIES
+from tests.scenarios.decisions import slowdown as _event
+from tests.scenarios.decisions import world as _world
 
 
 def test_a_decision_never_waits_forever_for_a_recheck() -> None:

@@ -17,12 +17,14 @@ from slurm_plugin.model.batch import RecordBatch
 from slurm_plugin.policy.history import HistoryParams, Incident, NodeHistory, slow_elsewhere
 from slurm_plugin.policy.loader import load_policy
 from slurm_plugin.trace import read_trace
+from tests.scenarios.decisions import REPO
 from tests.scenarios.generator import JobSpec, generate, pipeline, step_change, write_csv
-from tests.unit.test_structure import REPO, WORLD
 
 BAD = ("n0003", "n0011")
 #: A 128-GPU job (16 nodes) with two whole nodes +30 % from its first step.
 SLOW_FROM_START = {r: step_change(0.30, 0) for n in (3, 11) for r in range(8 * n, 8 * n + 8)}
+
+WORLD = 96  # 12 nodes of 8 GPUs; three stages of four nodes each (as test_structure.py)
 
 
 def _stragglers(batch: RecordBatch, job: str, suspect: tuple[str, ...]) -> set[str]:
