@@ -25,10 +25,11 @@ from slurm_plugin.errors import StragglerError
 from slurm_plugin.model.cluster import JobInfo, NodeInfo
 from slurm_plugin.policy import lifecycle
 from slurm_plugin.policy.decide import ClusterContext, is_node_slow, is_slowdown
-from slurm_plugin.policy.history import other_jobs, slow_elsewhere
+from slurm_plugin.policy.history import other_jobs
 from slurm_plugin.policy.schema import Policy
 from slurm_plugin.service.collector import BetweenCycles
 from slurm_plugin.service.decisions import Decisions
+from slurm_plugin.service.detectors import Detectors
 from slurm_plugin.service.evidence import gather_evidence
 from slurm_plugin.service.executor import Executor
 from slurm_plugin.service.fence import FencedScheduler
@@ -116,18 +117,12 @@ class Service:
         )
         self._policies = PolicySet(settings, state)
         self._collector = BetweenCycles()
-        #: Per detection policy object (by id, the object kept: an id is never reused while
-        #: it is here), its parameters.
-        self._params: dict[int, tuple[object, DetectionParams]] = {}
-        self._detectors: dict[tuple[str, DetectionParams], Detector] = {}
-        #: Builds a detector for a policy's parameters (a test's scripted detections).
-        self._new_detector = detector
         self._ingest = Ingest(state, store, self.metrics)
         self._value = Value(self.metrics)
         self._identities = Identities(state, store, settings.deployment, clock)
-        self._job_policy: dict[str, tuple[str, DetectionParams]] = {}
-        #: Per job, the detector and attempt its nodes slow elsewhere were told for.
-        self._told: dict[str, tuple[tuple[str, DetectionParams], int]] = {}
+        self._detectors = Detectors(
+            detector, state, self._identities, settings.rails.persistence, clock
+        )
         self._node_rails = NodeRails(state, self.executor, dry_run=dry_run)
         self.hooks = NodeHooks(settings.hooks, state, settings.deployment, dry_run=dry_run)
         self._decisions = Decisions(
@@ -210,23 +205,16 @@ class Service:
         # and new telemetry in a few round trips.
         known = self._identities.states
         self._policies.prefetch(running.values())
-        watched = []
-        for job in running.values():
-            policy = self.policy_for(job)
-            if policy.actions.mode != "off":
-                watched.append((job, self._detector_for(job, policy)))
-        for job_id, (kept, ignored) in self._ingest.read(watched, known).items():
-            self._value.saw(job_id, kept.ranks)
-            report.records += kept.records
-            report.ranks += kept.ranks
-            report.ignored_records += ignored
-        report.jobs = len(self._job_policy)
+        # One policy per job and cycle: its detection, its decisions and its waiting decision's
+        # tick all read the same one.
+        policies = {job_id: self.policy_for(job) for job_id, job in running.items()}
+        self._read_telemetry(running, policies, report)
         events: list[Event] = []
         interval = self.settings.service.interval_s
         deadline = max(
             started + interval * CYCLE_SHARE, time.monotonic() + interval * DETECT_MIN_SHARE
         )
-        for detector in self._detectors.values():
+        for detector in self._detectors.all():
             events += detector.advance(deadline=deadline, max_wait_s=DETECT_MAX_WAIT_S)
             events += detector.check_hangs(now, only=list(running))
         handled = set()
@@ -235,15 +223,16 @@ class Service:
             if target is not None:
                 handled.add(event.job_id)
                 report.events.append(event.to_dict())
-                report.decisions.append(self._handle(event, target, nodes, now, events))
+                policy = policies[event.job_id]
+                report.decisions.append(self._handle(event, target, policy, nodes, now, events))
         for job in running.values():
-            self._ingest.note_structure(job, self._detectors.values())
+            self._ingest.note_structure(job, self._detectors.all())
             if job.job_id in handled or known[job.job_id].waiting:
-                self._tick(job, nodes, now, report)
+                self._tick(job, policies[job.job_id], nodes, now, report)
         self._node_rails.explain_prolog_drains(nodes)
         self._node_rails.age(now, self.rails)
         self.hooks.tick()  # starts the next node hook, if any; never waits for one
-        waited = max((d.waiting_s() for d in self._detectors.values()), default=0.0)
+        waited = max((d.waiting_s() for d in self._detectors.all()), default=0.0)
         self.metrics.jobs.set(report.jobs)
         self.metrics.ranks.set(report.ranks)
         self.metrics.detect_waiting.set(waited)
@@ -257,60 +246,36 @@ class Service:
             },
         )
 
+    def _read_telemetry(
+        self, running: dict[str, JobInfo], policies: dict[str, Policy], report: CycleReport
+    ) -> None:
+        """Every watched job's new telemetry into its detector (a job whose policy is off is
+        not watched), counted in ``report``."""
+        watched = [
+            (job, self._detectors.for_job(job, policies[job_id]))
+            for job_id, job in running.items()
+            if policies[job_id].actions.mode != "off"
+        ]
+        for job_id, (kept, ignored) in self._ingest.read(watched, self._identities.states).items():
+            self._value.saw(job_id, kept.ranks)
+            report.records += kept.records
+            report.ranks += kept.ranks
+            report.ignored_records += ignored
+        report.jobs = len(self._detectors.jobs())
+
     def _forget_jobs(self, running: dict[str, JobInfo]) -> None:
         """Drop what is kept for jobs that stopped running, and for ids Slurm now gives
         another job (service/identity.py)."""
         reused = set(self._identities.check(running.values()))
-        for job_id in list(self._job_policy):
+        for job_id in self._detectors.jobs():
             if job_id not in running or job_id in reused:
-                self._detectors[self._job_policy.pop(job_id)].forget(job_id)
-                self._told.pop(job_id, None)
+                self._detectors.forget(job_id)
         for job_id in reused:
             self._ingest.forget(job_id)
             self._policies.forget(job_id)
         self._ingest.forget_all_but(running)
         self._value.forget_all_but(set(running) - reused)
         self._decisions.ended(set(running) - reused)
-
-    def _detector_of(self, job_id: str) -> Detector | None:
-        key = self._job_policy.get(job_id)
-        return None if key is None else self._detectors.get(key)
-
-    def _params_of(self, policy: Policy) -> DetectionParams:
-        """The policy's detection parameters, worked out once per policy object (each cycle
-        re-reads the policies; the jobs of one policy share its object): was ~10 us a job."""
-        kept = self._params.get(id(policy.detection))
-        if kept is None or kept[0] is not policy.detection:
-            if len(self._params) > 256:
-                self._params.clear()
-            kept = self._params[id(policy.detection)] = (
-                policy.detection,
-                policy.detection.params(),
-            )
-        return kept[1]
-
-    def _detector_for(self, job: JobInfo, policy: Policy) -> Detector:
-        """One detector per policy and detection parameters: a job's own stricter minimum
-        (sbatch --straggler-min-slowdown) never changes the thresholds of other jobs."""
-        key = (policy.name, self._params_of(policy))
-        was = self._job_policy.get(job.job_id)
-        if was is None or was[0] != policy.name:  # shown by `jobs`, `job show`
-            self.state.update_job(job.job_id, policy=policy.name)
-        if was is not None and was != key:
-            self._detectors[was].forget(job.job_id)
-        self._job_policy[job.job_id] = key
-        if key not in self._detectors:
-            self._detectors[key] = self._new_detector(key[1])
-        detector = self._detectors[key]
-        if self._told.get(job.job_id) != (key, job.restarts):  # new to it, or on other nodes
-            self._told[job.job_id] = (key, job.restarts)
-            params = self.rails.persistence.params()
-            token, now = self._identities.token(job), self.clock()
-            found = slow_elsewhere(self.state.node_histories(job.nodes), token, now, params)
-            detector.suspect(job.job_id, found)
-            if found:
-                log.info("service.nodes_slow_elsewhere", job_id=job.job_id, nodes=found[:16])
-        return detector
 
     # -- decisions ----------------------------------------------------------------------------
     def _cluster(self, nodes: tuple[NodeInfo, ...], now: float) -> ClusterContext:
@@ -327,11 +292,11 @@ class Service:
         self,
         event: Event,
         job: JobInfo,
+        policy: Policy,
         nodes: tuple[NodeInfo, ...],
         now: float,
         cycle: Sequence[Event] = (),
     ) -> dict[str, Any]:
-        policy = self.policy_for(job)
         decision_id = marks.new_decision_id()
         base: dict[str, Any] = {
             "job_id": job.job_id,
@@ -420,21 +385,25 @@ class Service:
             job_state.context(),
             self._cluster(nodes, now),
             now,
-            probe(self._detector_of, job, policy.detection.min_slowdown_pct),
+            probe(self._detectors.of, job, policy.detection.min_slowdown_pct),
             evicting=lambda: self._decisions.evicting(job.job_id),
             advised=job_state.advised(),
             acted=job_state.acted(),
         )
 
     def _tick(
-        self, job: JobInfo, nodes: tuple[NodeInfo, ...], now: float, report: CycleReport
+        self,
+        job: JobInfo,
+        policy: Policy,
+        nodes: tuple[NodeInfo, ...],
+        now: float,
+        report: CycleReport,
     ) -> None:
         """The job's waiting decision decided again if what it waits for came."""
         job_state = self.state.job_state(job.job_id)
         held = self._decisions.waiting(job_state)
         if held is None:
             return
-        policy = self.policy_for(job)
         _, effects = lifecycle.tick(held, self._world(job, job_state, policy, nodes, now))
         if any(isinstance(e, lifecycle.Close) and e.acted for e in effects):
             self._regrouped(job.job_id)
@@ -482,7 +451,7 @@ class Service:
         numbers them anew): its ranks may move to other nodes, and its detector learns the
         new group from scratch."""
         self._ingest.evidence.regrouped(job_id)
-        detector = self._detector_of(job_id)
+        detector = self._detectors.of(job_id)
         if detector is not None:
             detector.forget(job_id)
 

@@ -105,7 +105,7 @@ DECISION_PATH = (
 )
 FACTS_AND_STATE = (
     "service.policies",
-    "policy.loader",
+    "service.detectors",
     "policy.durations",
     "service.identity",
     "service.evidence",

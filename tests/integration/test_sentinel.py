@@ -212,11 +212,21 @@ def test_the_master_dies_mid_eviction(
         # plan's grace to learn whether Slurm was asked (three cycles can come sooner).
         wait_for(lambda: not state.open_decisions(), 120, "the planned eviction to finish")
         # A plan abandoned (the kill came before the requeuehold) may be decided anew once the
-        # job's next report comes: let that one finish too.
+        # job's next report comes: let that one finish too, and read the job and its decisions
+        # only between two moments with nothing open and no new decision.
         wait_cycles(state, 2, timeout_s=60)
-        wait_for(lambda: not state.open_decisions(), 120, "a new eviction to finish")
-        record = slurm.job(job)
-        decisions = [d for d in state.job_decisions(job) if d.get("action") in {"evict", "release"}]
+        seen: list[Any] = []
+
+        def settled() -> bool:
+            before = state.job_decisions(job)
+            if state.open_decisions():
+                return False
+            seen[:] = [slurm.job(job), before]
+            return not state.open_decisions() and len(state.job_decisions(job)) == len(before)
+
+        wait_for(settled, 120, "a new eviction to finish")
+        record, everything = seen
+        decisions = [d for d in everything if d.get("action") in {"evict", "release"}]
         record_property("plan_to_kill_ms", round((killed - planned) * 1000, 1))
         record_property("failover_s", round(promoted - killed, 2))
         record_property("kill_to_running_s", round(back - killed, 1))
