@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from slurm_plugin.config import Settings
+from slurm_plugin.detection import DetectionParams, Detector
 from slurm_plugin.model.cluster import REQUEUE_HELD, JobInfo, NodeInfo
 from slurm_plugin.model.records import encode_steps
 from slurm_plugin.service.loop import Service
@@ -124,6 +125,7 @@ def make_loop(private_redis: RedisServer, tmp_path: Path) -> Iterator[Callable[.
         lock_ttl_s: float = 10,
         dry_run: bool = False,
         policy_dir: Path = shipped,
+        detector: Callable[[DetectionParams], Detector] = Detector,
         **settings_values: Any,
     ) -> Loop:
         text = redis.Redis.from_url(private_redis.url, decode_responses=True)
@@ -142,6 +144,7 @@ def make_loop(private_redis: RedisServer, tmp_path: Path) -> Iterator[Callable[.
             instance=name,
             lock_ttl_s=lock_ttl_s,
             dry_run=dry_run,
+            detector=detector,
         )
         return Loop(service, slurm, clock, store, state)
 
