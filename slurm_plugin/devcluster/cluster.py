@@ -403,6 +403,11 @@ class DevCluster:
                 time.sleep(0.1)
                 continue
             if not procs.is_alive(pid):
+                if procs.listening(self.slurmctld_port):
+                    # Its pid gone (or its pid file), the old one's last threads still hold
+                    # the port: a new one started now could not bind it and would die.
+                    time.sleep(0.1)
+                    continue
                 self._start_slurmctld()
                 notes.append("started slurmctld again (it was stopping)")
             states = self._node_states()
@@ -424,6 +429,7 @@ class DevCluster:
             if (
                 set(states) == set(self.node_names)
                 and all(s in READY_STATES for s in states.values())
+                and self._alive("slurmctld")  # answered by the controller the pid file names
                 and self._redis_ok()
             ):
                 return

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -64,6 +65,17 @@ def told_to_stop(pid: int | None) -> bool:
         with contextlib.suppress(KeyError, ValueError):
             pending |= int(fields[name].strip(), 16)
     return bool(pending & _TOLD_TO_STOP)
+
+
+def listening(port: int, host: str = "127.0.0.1") -> bool:
+    """True when something accepts connections on ``host:port``: a controller whose process
+    has exited (or whose pid file is gone) may still hold its port for a moment with its last
+    threads, answer a request, and keep a new one from binding it."""
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 def uts_namespace(pid: int) -> str | None:

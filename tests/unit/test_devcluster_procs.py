@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -150,3 +153,42 @@ def test_cgroup_mounted_reads_mountinfo(tmp_path: Path) -> None:
     info.write_text("32 22 0:28 / /mnt/cg rw - cgroup2 cgroup2 rw\n")
     assert not procs.cgroup_mounted(info)
     assert not procs.cgroup_mounted(tmp_path / "missing")
+
+
+def test_listening_tells_a_held_port_from_a_free_one() -> None:
+    """A port something accepts on is held; once that socket closes it is free."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    try:
+        assert procs.listening(port)
+    finally:
+        server.close()
+    assert not procs.listening(port)
+
+
+def test_a_new_controller_waits_until_the_old_ones_port_is_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`up` after a controller was told to stop: its pid file is gone (or names an exited
+    process) while its last threads still hold the port and answer sinfo. A new one is not
+    started then (it could not bind the port, and died: CI once saw `up` ready on the old
+    one's last answers and the lane left with no controller); it is once the port is free,
+    and only its answers make the cluster ready."""
+    server = socket.create_server(("127.0.0.1", 0))
+    cluster = DevCluster(tmp_path / "dc", nodes=2)
+    cluster.slurmctld_port = server.getsockname()[1]
+    started: list[float] = []
+    monkeypatch.setattr(cluster, "_start_slurmctld", lambda: started.append(time.monotonic()))
+    monkeypatch.setattr(cluster, "_alive", lambda daemon: bool(started))
+    monkeypatch.setattr(cluster, "_node_states", lambda: dict.fromkeys(cluster.node_names, "idle"))
+    monkeypatch.setattr(cluster, "_redis_ok", lambda: True)
+    with ThreadPoolExecutor(1) as pool:
+        ready = pool.submit(cluster._wait_ready, time.monotonic() + 30, [])
+        time.sleep(1.0)
+        assert not started  # the old one's port is still held: answers are not ready
+        assert not ready.done()
+        freed = time.monotonic()
+        server.close()
+        ready.result(timeout=20)
+    assert len(started) == 1
+    assert started[0] >= freed
