@@ -3,7 +3,7 @@ stricter minimum (sbatch --straggler-min-slowdown) never changes the thresholds 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, ValuesView
 
 import structlog
 
@@ -46,9 +46,9 @@ class Detectors:
         #: Per job, the detector and attempt its nodes slow elsewhere were told for.
         self._told: dict[str, tuple[Key, int]] = {}
 
-    def all(self) -> list[Detector]:
-        """Every detector, each once."""
-        return list(self._detectors.values())
+    def all(self) -> ValuesView[Detector]:
+        """Every detector, each once (a view: no copy for each job of a cycle)."""
+        return self._detectors.values()
 
     def jobs(self) -> list[str]:
         """The jobs a detector holds."""
